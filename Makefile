@@ -1,0 +1,46 @@
+# make demo / make test: full set-up on a fresh Debian machine, then run.
+# Idempotent and fast when already done.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_PIN := torch==2.13.0
+DEPS_STAMP := $(VENV)/.qpack-deps
+BUILD_STAMP := $(VENV)/.qpack-built
+QNNPACK_STAMP := third_party/.cache/qnnpack/.qpack-sha256
+SOURCES := $(shell find src qpack third_party -type f \( -name '*.cc' -o -name '*.h' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.py' -o -name '*.cmake' -o -name 'CMakeLists.txt' \) -not -path 'third_party/.cache/*') CMakeLists.txt pyproject.toml
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-all bench clean
+
+setup: $(BUILD_STAMP)
+
+$(PY):
+	python3 -m venv $(VENV)
+
+$(DEPS_STAMP): pyproject.toml | $(PY)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH_PIN) "numpy>=1.22" "pytest>=7" "hypothesis>=6" \
+	    "cython>=3.0" "scikit-build-core>=0.10" ninja "cmake>=3.18" \
+	    onednn-devel-cpu-gomp==2023.2.0 onednn-cpu-gomp==2023.2.0
+	touch $@
+
+$(QNNPACK_STAMP): third_party/fetch_qnnpack.sh
+	bash third_party/fetch_qnnpack.sh
+
+$(BUILD_STAMP): $(DEPS_STAMP) $(QNNPACK_STAMP) $(SOURCES)
+	$(PIP) install -q --no-build-isolation --no-deps \
+	    -Ccmake.define.QPACK_QNNPACK_SOURCE_DIR=$(CURDIR)/third_party/.cache/qnnpack .
+	touch $@
+
+demo: setup
+	$(PY) bench/demo.py
+
+test: setup
+	cd /tmp && $(CURDIR)/$(PY) -m pytest -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) $(CURDIR)/tests/python $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) bench/bench_linear.py
+
+clean:
+	rm -rf build $(BUILD_STAMP)

@@ -1,0 +1,46 @@
+"""qpack: prepacked CPU inference weights with explicit lifetimes.
+
+Works with numpy alone; torch tensors are accepted wherever arrays are when
+PyTorch is installed.
+"""
+from qpack._core import (
+    BackendError,
+    ClosedError,
+    Error,
+    InvalidArgumentError,
+    InvalidTypeError,
+    OutOfMemoryError,
+    ReleasedError,
+    UnsupportedError,
+    get_num_threads,
+    set_num_threads,
+)
+from qpack._policy import (
+    backends,
+    build_info,
+    get_default_retain,
+    retain,
+    set_default_retain,
+)
+from qpack._linear import PackedLinear
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "ClosedError",
+    "Error",
+    "InvalidArgumentError",
+    "InvalidTypeError",
+    "OutOfMemoryError",
+    "PackedLinear",
+    "ReleasedError",
+    "UnsupportedError",
+    "backends",
+    "build_info",
+    "get_default_retain",
+    "get_num_threads",
+    "retain",
+    "set_default_retain",
+    "set_num_threads",
+]

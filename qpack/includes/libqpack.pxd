@@ -1,0 +1,95 @@
+# Extern declarations of libqpack's C API (src/include/qpack/qpack.h), and
+# nothing else. Every call may run without the GIL.
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+
+cdef extern from "qpack/qpack.h" nogil:
+    ctypedef enum qpack_status:
+        QPACK_STATUS_SUCCESS
+        QPACK_STATUS_INVALID_ARGUMENT
+        QPACK_STATUS_INVALID_TYPE
+        QPACK_STATUS_UNSUPPORTED
+        QPACK_STATUS_OUT_OF_MEMORY
+        QPACK_STATUS_CLOSED
+        QPACK_STATUS_RELEASED
+        QPACK_STATUS_BACKEND_ERROR
+        QPACK_STATUS_INTERNAL
+
+    ctypedef enum qpack_backend:
+        QPACK_BACKEND_AUTO
+        QPACK_BACKEND_ONEDNN
+        QPACK_BACKEND_QNNPACK
+
+    ctypedef enum qpack_mode:
+        QPACK_MODE_F32
+        QPACK_MODE_INT8_STATIC
+        QPACK_MODE_INT8_DYNAMIC
+
+    ctypedef enum qpack_retain:
+        QPACK_RETAIN_DEFAULT
+        QPACK_RETAIN_RELEASE
+        QPACK_RETAIN_KEEP
+
+    const char* qpack_last_error()
+    int qpack_get_default_retain()
+    void qpack_set_default_retain(int keep)
+    int qpack_set_thread_retain(int retain)
+    int qpack_get_thread_retain()
+    int qpack_resolve_retain(int retain)
+    qpack_status qpack_set_num_threads(int num_threads)
+    int qpack_get_num_threads()
+    int qpack_build_mobile()
+    qpack_status qpack_backend_describe(qpack_backend backend, char* buf, size_t size)
+    int qpack_backend_available(qpack_backend backend)
+
+    ctypedef struct qpack_linear:
+        pass
+
+    ctypedef struct qpack_linear_params:
+        int64_t in_features
+        int64_t out_features
+        qpack_mode mode
+        qpack_backend backend
+        int retain
+        const void* weight
+        const float* weight_scales
+        const int32_t* weight_zero_points
+        int64_t num_weight_scales
+        const float* bias
+        float clamp_min
+        float clamp_max
+        float input_scale
+        int32_t input_zero_point
+        float output_scale
+        int32_t output_zero_point
+
+    ctypedef struct qpack_linear_info:
+        int64_t in_features
+        int64_t out_features
+        qpack_mode mode
+        qpack_backend backend
+        int has_bias
+        int has_original
+        int closed
+        int64_t num_weight_scales
+        size_t nbytes_packed
+        size_t nbytes_original
+
+    ctypedef struct qpack_linear_stats:
+        uint64_t states_built
+        uint64_t cache_hits
+        uint64_t evictions
+        uint64_t runs
+
+    void qpack_linear_params_init(qpack_linear_params* params)
+    qpack_status qpack_linear_create(const qpack_linear_params* params, qpack_linear** linear_out)
+    void qpack_linear_destroy(qpack_linear* linear)
+    qpack_status qpack_linear_close(qpack_linear* linear)
+    qpack_status qpack_linear_run_f32(const qpack_linear* linear, int64_t batch,
+                                      const float* x, float* y_out)
+    qpack_status qpack_linear_run_u8(const qpack_linear* linear, int64_t batch,
+                                     const uint8_t* x, float input_scale,
+                                     int32_t input_zero_point, uint8_t* y_out)
+    qpack_status qpack_linear_release_original(qpack_linear* linear)
+    qpack_status qpack_linear_unpack(const qpack_linear* linear, void* weight_out, float* bias_out)
+    qpack_status qpack_linear_get_info(const qpack_linear* linear, qpack_linear_info* info_out)
+    qpack_status qpack_linear_get_stats(const qpack_linear* linear, qpack_linear_stats* stats_out)

@@ -1,0 +1,23 @@
+// oneDNN process state: the CPU engine, per-thread streams and scratchpads.
+#pragma once
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <cstddef>
+#include <string>
+
+namespace qpack {
+namespace onednn_rt {
+
+const dnnl::engine& engine();
+// Stream for the calling thread (streams are not shared across threads).
+dnnl::stream& stream();
+// Scratchpad for the calling thread, at least `size` bytes (user-mode
+// scratchpad: no shared mutable scratch between concurrent runs).
+void* scratchpad(size_t size);
+// Applies qpack's thread count to the calling thread's OpenMP team.
+void apply_num_threads();
+std::string describe();
+
+}  // namespace onednn_rt
+}  // namespace qpack

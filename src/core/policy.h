@@ -1,0 +1,16 @@
+// Process-wide and thread-local policy: retain default, thread count.
+#pragma once
+
+namespace qpack {
+
+// Retain resolution: per-object request > thread-local override > process default.
+bool resolve_retain(int request);
+bool default_retain();
+void set_default_retain(bool keep);
+int thread_retain();          // QPACK_RETAIN_DEFAULT when no override
+int set_thread_retain(int r);  // returns previous
+
+int num_threads();
+void set_num_threads(int n);
+
+}  // namespace qpack

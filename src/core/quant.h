@@ -1,0 +1,58 @@
+// Small quantization helpers shared by the backends (no backend headers here).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "core/error.h"
+
+namespace qpack {
+
+inline void check_scale(float scale, const char* what, int64_t index) {
+  if (!(std::isfinite(scale) && scale > 0.0f && std::isnormal(scale))) {
+    if (index >= 0) {
+      fail(QPACK_STATUS_INVALID_ARGUMENT, what, "[", index, "] = ", scale,
+           " is not a valid scale: it must be finite, positive and normal");
+    }
+    fail(QPACK_STATUS_INVALID_ARGUMENT, what, " = ", scale,
+         " is not a valid scale: it must be finite, positive and normal");
+  }
+}
+
+inline void check_u8_zero_point(int32_t zp, const char* what) {
+  check(zp >= 0 && zp <= 255, QPACK_STATUS_INVALID_ARGUMENT, what, " = ", zp,
+        " is outside the uint8 range [0, 255]");
+}
+
+// Real value -> uint8 with PyTorch's rounding (round half to even) and clamping.
+inline uint8_t quantize_u8(float value, float scale, int32_t zero_point) {
+  if (std::isinf(value)) return value > 0 ? 255 : 0;
+  float q = std::nearbyint(value / scale) + static_cast<float>(zero_point);
+  if (q < 0.0f) return 0;
+  if (q > 255.0f) return 255;
+  return static_cast<uint8_t>(q);
+}
+
+// Output clamp of a fused activation in the uint8 domain.
+inline void output_bounds_u8(float clamp_min, float clamp_max, float scale, int32_t zero_point,
+                             uint8_t* qmin, uint8_t* qmax) {
+  *qmin = std::isinf(clamp_min) ? 0 : quantize_u8(clamp_min, scale, zero_point);
+  *qmax = std::isinf(clamp_max) ? 255 : quantize_u8(clamp_max, scale, zero_point);
+}
+
+struct QParams {
+  float scale;
+  int32_t zero_point;
+};
+
+// Dynamic-quantization parameters for a float range, as PyTorch's
+// ChooseQuantizationParams (qmin 0, qmax 255, no reduce_range) computes them.
+QParams choose_qparams_u8(float min, float max);
+
+// x [n] float -> uint8 with (scale, zero_point).
+void quantize_u8_array(const float* x, int64_t n, QParams q, uint8_t* out);
+// min/max over x [n]; (0, 0) for n == 0; NaN propagates as an error.
+void min_max(const float* x, int64_t n, float* min_out, float* max_out);
+
+}  // namespace qpack

@@ -1,0 +1,178 @@
+/*
+ * qpack.h: the one public C header of libqpack.
+ *
+ * Prepacked CPU inference weights with explicit lifetimes, over oneDNN (x86)
+ * and QNNPACK (uint8, the kernels PyTorch uses on phones).
+ *
+ * Conventions
+ *   - Every function returns a qpack_status; QPACK_STATUS_SUCCESS is 0.
+ *     On failure, qpack_last_error() gives a thread-local message that says
+ *     what went wrong and how to fix it.
+ *   - Outputs come last and are named *_out.
+ *   - Every create has a destroy; destroy(NULL) is a no-op.
+ *   - Weights are row-major [out_features, in_features]; activations are
+ *     row-major [batch, features].
+ *   - Ownership: create copies what it needs from the caller's arrays; the
+ *     caller keeps ownership of every pointer it passes in.
+ *
+ * Threads
+ *   - run, unpack, info and release_original may be called concurrently on one
+ *     object from any number of threads; runs take no lock.
+ *   - close may be called while other threads run: runs already started finish
+ *     with the state they started with; later calls fail with
+ *     QPACK_STATUS_CLOSED. Packed memory is freed when the last run ends.
+ *   - destroy must not race with any other call on the same object.
+ */
+#ifndef QPACK_QPACK_H_
+#define QPACK_QPACK_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define QPACK_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define QPACK_API __attribute__((visibility("default")))
+#else
+#define QPACK_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum qpack_status {
+  QPACK_STATUS_SUCCESS = 0,
+  QPACK_STATUS_INVALID_ARGUMENT = 1, /* bad shape, value or parameter */
+  QPACK_STATUS_INVALID_TYPE = 2,     /* wrong dtype */
+  QPACK_STATUS_UNSUPPORTED = 3,      /* valid, but this backend cannot do it */
+  QPACK_STATUS_OUT_OF_MEMORY = 4,
+  QPACK_STATUS_CLOSED = 5,           /* object was closed */
+  QPACK_STATUS_RELEASED = 6,         /* needs the released original */
+  QPACK_STATUS_BACKEND_ERROR = 7,    /* oneDNN or QNNPACK failed */
+  QPACK_STATUS_INTERNAL = 8,
+} qpack_status;
+
+typedef enum qpack_backend {
+  QPACK_BACKEND_AUTO = 0,
+  QPACK_BACKEND_ONEDNN = 1,
+  QPACK_BACKEND_QNNPACK = 2,
+} qpack_backend;
+
+typedef enum qpack_mode {
+  QPACK_MODE_F32 = 0,          /* f32 weight, f32 in, f32 out */
+  QPACK_MODE_INT8_STATIC = 1,  /* s8 weight, u8 in (scale, zp), u8 out */
+  QPACK_MODE_INT8_DYNAMIC = 2, /* s8 weight, f32 in (quantized per call), f32 out */
+} qpack_mode;
+
+/* Retain policy of a new object: keep or release the original weights once
+ * packed. DEFAULT defers to the thread-local override, then to the process
+ * default (set by the QPACK_MOBILE build option, changeable at run time). */
+typedef enum qpack_retain {
+  QPACK_RETAIN_DEFAULT = -1,
+  QPACK_RETAIN_RELEASE = 0,
+  QPACK_RETAIN_KEEP = 1,
+} qpack_retain;
+
+/* ---- errors, policy, threads, build ---------------------------------- */
+
+/* Message of the last failed call on this thread ("" if none). Valid until
+ * the next qpack call on this thread. */
+QPACK_API const char* qpack_last_error(void);
+
+QPACK_API int qpack_get_default_retain(void);          /* 0 or 1 */
+QPACK_API void qpack_set_default_retain(int keep);     /* process-wide */
+/* Thread-local override: QPACK_RETAIN_DEFAULT clears it. Returns the previous. */
+QPACK_API int qpack_set_thread_retain(int retain);
+QPACK_API int qpack_get_thread_retain(void);
+/* Resolve a per-object request (QPACK_RETAIN_*) to 0 or 1. */
+QPACK_API int qpack_resolve_retain(int retain);
+
+/* Threads used inside one run (oneDNN OpenMP, QNNPACK pthreadpool). */
+QPACK_API qpack_status qpack_set_num_threads(int num_threads);
+QPACK_API int qpack_get_num_threads(void);
+
+QPACK_API int qpack_build_mobile(void); /* 1 when built with QPACK_MOBILE=ON */
+/* Writes a NUL-terminated, human-readable description into buf. */
+QPACK_API qpack_status qpack_backend_describe(qpack_backend backend, char* buf, size_t size);
+QPACK_API int qpack_backend_available(qpack_backend backend);
+
+/* ---- packed linear ----------------------------------------------------- */
+
+typedef struct qpack_linear qpack_linear;
+
+typedef struct qpack_linear_params {
+  int64_t in_features;          /* K >= 1 */
+  int64_t out_features;         /* N >= 1 */
+  qpack_mode mode;
+  qpack_backend backend;        /* AUTO: oneDNN for f32, QNNPACK for int8 */
+  int retain;                   /* qpack_retain */
+  const void* weight;           /* [N, K]: float (F32) or int8_t (INT8_*) */
+  const float* weight_scales;   /* INT8_*: 1 (per-tensor) or N (per-channel) */
+  const int32_t* weight_zero_points; /* NULL: symmetric; else as many as scales, in [-128, 127] */
+  int64_t num_weight_scales;
+  const float* bias;            /* NULL or [N] */
+  float clamp_min;              /* fused activation, real domain; -INFINITY for none */
+  float clamp_max;              /* +INFINITY for none */
+  float input_scale;            /* INT8_STATIC: expected input scale (0: unknown yet) */
+  int32_t input_zero_point;
+  float output_scale;           /* INT8_STATIC */
+  int32_t output_zero_point;
+} qpack_linear_params;
+
+/* Fill params with defaults (no clamp, AUTO backend, DEFAULT retain). */
+QPACK_API void qpack_linear_params_init(qpack_linear_params* params);
+
+typedef struct qpack_linear_info {
+  int64_t in_features, out_features;
+  qpack_mode mode;
+  qpack_backend backend;
+  int has_bias;
+  int has_original;
+  int closed;
+  int64_t num_weight_scales;
+  size_t nbytes_packed;   /* bytes of packed state(s) held now */
+  size_t nbytes_original; /* bytes of original weights held (0 after release) */
+} qpack_linear_info;
+
+typedef struct qpack_linear_stats {
+  uint64_t states_built;  /* packed states built (first pack included) */
+  uint64_t cache_hits;    /* runs that found a matching state */
+  uint64_t evictions;     /* states dropped from the bounded cache */
+  uint64_t runs;
+} qpack_linear_stats;
+
+/* Packs the weights. The object owns a copy of everything it keeps. */
+QPACK_API qpack_status qpack_linear_create(const qpack_linear_params* params,
+                                           qpack_linear** linear_out);
+/* Frees everything; NULL is a no-op. Must not race with other calls. */
+QPACK_API void qpack_linear_destroy(qpack_linear* linear);
+/* Frees packed memory (at once, or when the last in-flight run ends);
+ * later calls fail with QPACK_STATUS_CLOSED. Idempotent. */
+QPACK_API qpack_status qpack_linear_close(qpack_linear* linear);
+
+/* F32 and INT8_DYNAMIC: x [batch, K] float -> y [batch, N] float. */
+QPACK_API qpack_status qpack_linear_run_f32(const qpack_linear* linear, int64_t batch,
+                                            const float* x, float* y_out);
+/* INT8_STATIC: x [batch, K] uint8 with (input_scale, input_zero_point)
+ * -> y [batch, N] uint8 with the object's output scale and zero point. */
+QPACK_API qpack_status qpack_linear_run_u8(const qpack_linear* linear, int64_t batch,
+                                           const uint8_t* x, float input_scale,
+                                           int32_t input_zero_point, uint8_t* y_out);
+
+/* Drops the original weights; unpack keeps working from the packed form. */
+QPACK_API qpack_status qpack_linear_release_original(qpack_linear* linear);
+/* Reconstructs the original weights bit-exactly: weight_out [N, K] (float or
+ * int8_t by mode), bias_out [N] float (may be NULL). */
+QPACK_API qpack_status qpack_linear_unpack(const qpack_linear* linear, void* weight_out,
+                                           float* bias_out);
+QPACK_API qpack_status qpack_linear_get_info(const qpack_linear* linear,
+                                             qpack_linear_info* info_out);
+QPACK_API qpack_status qpack_linear_get_stats(const qpack_linear* linear,
+                                              qpack_linear_stats* stats_out);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* QPACK_QPACK_H_ */

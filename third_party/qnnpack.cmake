@@ -1,0 +1,51 @@
+# PyTorch's QNNPACK (pytorch_qnnpack), built from source as a static PIC library.
+# Source: QPACK_QNNPACK_SOURCE_DIR, or the cache that third_party/fetch_qnnpack.sh fills.
+set(QPACK_QNNPACK_SOURCE_DIR "" CACHE PATH
+  "Path to aten/src/ATen/native/quantized/cpu/qnnpack of PyTorch 1.13 (default: run third_party/fetch_qnnpack.sh)")
+if(NOT QPACK_QNNPACK_SOURCE_DIR AND DEFINED ENV{QPACK_QNNPACK_SOURCE_DIR})
+  set(QPACK_QNNPACK_SOURCE_DIR "$ENV{QPACK_QNNPACK_SOURCE_DIR}")
+endif()
+if(NOT QPACK_QNNPACK_SOURCE_DIR)
+  set(_cache "${CMAKE_CURRENT_LIST_DIR}/.cache/qnnpack")
+  if(NOT EXISTS "${_cache}/CMakeLists.txt")
+    message(STATUS "qpack: fetching the QNNPACK source with third_party/fetch_qnnpack.sh")
+    execute_process(COMMAND bash "${CMAKE_CURRENT_LIST_DIR}/fetch_qnnpack.sh"
+      RESULT_VARIABLE _rc)
+    if(NOT _rc EQUAL 0)
+      message(FATAL_ERROR "qpack: third_party/fetch_qnnpack.sh failed; set QPACK_QNNPACK_SOURCE_DIR "
+        "to a checkout of aten/src/ATen/native/quantized/cpu/qnnpack (PyTorch 1.13).")
+    endif()
+  endif()
+  set(QPACK_QNNPACK_SOURCE_DIR "${_cache}")
+endif()
+if(NOT EXISTS "${QPACK_QNNPACK_SOURCE_DIR}/include/qnnpack_func.h")
+  message(FATAL_ERROR "qpack: ${QPACK_QNNPACK_SOURCE_DIR} is not a pytorch_qnnpack source tree "
+    "(no include/qnnpack_func.h). Run third_party/fetch_qnnpack.sh or fix QPACK_QNNPACK_SOURCE_DIR.")
+endif()
+foreach(_dep cpuinfo pthreadpool)
+  find_library(_qpack_${_dep}_lib ${_dep})
+  if(NOT _qpack_${_dep}_lib)
+    message(FATAL_ERROR "qpack: lib${_dep} not found; install Debian's lib${_dep}-dev "
+      "(third_party/fetch_qnnpack.sh does) or build QNNPACK's own copies.")
+  endif()
+endforeach()
+
+set(USE_SYSTEM_CPUINFO ON CACHE BOOL "" FORCE)
+set(USE_SYSTEM_PTHREADPOOL ON CACHE BOOL "" FORCE)
+set(USE_SYSTEM_FP16 ON CACHE BOOL "" FORCE)
+set(USE_SYSTEM_FXDIV ON CACHE BOOL "" FORCE)
+set(USE_SYSTEM_PSIMD ON CACHE BOOL "" FORCE)
+set(PYTORCH_QNNPACK_BUILD_TESTS OFF CACHE BOOL "" FORCE)
+set(PYTORCH_QNNPACK_BUILD_BENCHMARKS OFF CACHE BOOL "" FORCE)
+set(PYTORCH_QNNPACK_LIBRARY_TYPE "static" CACHE STRING "" FORCE)
+# QNNPACK's bundled clog asks for CMake 3.1, which CMake 4 refuses.
+if(CMAKE_VERSION VERSION_GREATER_EQUAL 4.0 AND NOT DEFINED CMAKE_POLICY_VERSION_MINIMUM)
+  set(CMAKE_POLICY_VERSION_MINIMUM 3.5)
+endif()
+set(_qpack_saved_pic ${CMAKE_POSITION_INDEPENDENT_CODE})
+set(CMAKE_POSITION_INDEPENDENT_CODE ON)
+add_subdirectory("${QPACK_QNNPACK_SOURCE_DIR}" "${CMAKE_BINARY_DIR}/pytorch_qnnpack" EXCLUDE_FROM_ALL SYSTEM)
+set(CMAKE_POSITION_INDEPENDENT_CODE ${_qpack_saved_pic})
+set_target_properties(pytorch_qnnpack clog PROPERTIES POSITION_INDEPENDENT_CODE ON)
+target_compile_options(pytorch_qnnpack PRIVATE -w)
+target_compile_options(clog PRIVATE -w)
