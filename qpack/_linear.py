@@ -120,7 +120,9 @@ class PackedLinear:
             if weight_scale is not None:
                 raise InvalidArgumentError("a torch.qint8 weight carries its own scales; do not pass weight_scale")
             self._weight_kind = "torch_qint8"
-            if weight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+            self._legacy_per_channel = weight.qscheme() not in (torch.per_tensor_affine,
+                                                                torch.per_tensor_symmetric)
+            if not self._legacy_per_channel:
                 weight_scale = np.array([weight.q_scale()], dtype=np.float32)
                 weight_zero_points = np.array([weight.q_zero_point()], dtype=np.int32)
             elif weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric,
@@ -160,9 +162,12 @@ class PackedLinear:
 
         scales = None
         if mode != "f32":
-            scales = np.atleast_1d(np.asarray(_to_numpy(weight_scale, "weight_scale")
-                                              if not isinstance(weight_scale, (int, float)) else weight_scale,
-                                              dtype=np.float64))
+            ws = _to_numpy(weight_scale, "weight_scale") if _is_torch(weight_scale) else weight_scale
+            try:
+                scales = np.atleast_1d(np.asarray(ws, dtype=np.float64))
+            except (TypeError, ValueError):
+                raise InvalidTypeError(
+                    f"weight_scale must be a float or a 1-D array of floats, got {type(weight_scale).__name__}") from None
             if scales.ndim != 1 or scales.shape[0] not in (1, w.shape[0]):
                 raise InvalidArgumentError(
                     f"weight_scale must be a float or have {w.shape[0]} values (one per output feature), "
@@ -273,9 +278,7 @@ class PackedLinear:
         if self._weight_kind == "torch_qint8":
             torch = _torch()
             wt = torch.from_numpy(w)
-            if self._weight_scale.shape[0] == 1 and w.shape[0] != 1 or (
-                    self._weight_scale.shape[0] == 1 and self._weight_zero_points.shape[0] == 1
-                    and not self._per_channel_given()):
+            if not self._legacy_per_channel:
                 w = torch._make_per_tensor_quantized_tensor(
                     wt, float(self._weight_scale[0]), int(self._weight_zero_points[0]))
             else:
@@ -287,9 +290,6 @@ class PackedLinear:
         if b is not None and self._bias_kind == "torch":
             b = _torch().from_numpy(b)
         return w, b
-
-    def _per_channel_given(self):
-        return self._weight_scale is not None and self._weight_scale.shape[0] > 1
 
     def release_original(self):
         """Drop the original weight; unpack() keeps working from the packed form."""
