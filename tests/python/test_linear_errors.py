@@ -96,7 +96,7 @@ RUN_ERRORS = [
     ("static", lambda: np.ones((2, 3), np.uint8), {"scale": NAN, "zero_point": 0}, qpack.InvalidArgumentError, "valid scale"),
     ("static", lambda: np.ones((2, 3), np.uint8), {"scale": INF, "zero_point": 0}, qpack.InvalidArgumentError, "valid scale"),
     ("static", lambda: np.ones((2, 3), np.uint8), {"scale": 1e-40, "zero_point": 0}, qpack.InvalidArgumentError, "scale"),
-    ("static", lambda: np.ones((2, 3), np.uint8), {"scale": 1e-37, "zero_point": 0}, qpack.InvalidArgumentError, "requantization"),
+    ("static", lambda: np.ones((2, 3), np.uint8), {"scale": 2e-38, "zero_point": 0}, qpack.InvalidArgumentError, "requantization"),
     ("static", lambda: np.ones((2, 3), np.uint8), {"scale": 0.1, "zero_point": 300}, qpack.InvalidArgumentError, "outside"),
     ("static", lambda: np.ones((2, 3), np.uint8), {"scale": 0.1, "zero_point": -5}, qpack.InvalidArgumentError, "outside"),
     ("static", lambda: np.ones((2, 4), np.uint8), {"scale": 0.1, "zero_point": 0}, qpack.InvalidArgumentError, "features"),
