@@ -1,6 +1,9 @@
 #include "core/quant.h"
 
+#include "core/policy.h"
+
 #include <algorithm>
+#include <memory>
 
 namespace qpack {
 
@@ -42,12 +45,31 @@ QParams choose_qparams_u8(float min, float max) {
   return QParams{static_cast<float>(scale), zp};
 }
 
+uint8_t* quantize_buffer(size_t size) {
+  struct Buffer {
+    std::unique_ptr<uint8_t[]> data;
+    size_t size = 0;
+  };
+  thread_local Buffer buffer;
+  if (buffer.size < size) {
+    buffer.data.reset(new uint8_t[size]);
+    buffer.size = size;
+  }
+  return buffer.data.get();
+}
+
+// Round-half-to-even by the float magic-number trick (exact for |v| < 2^22,
+// which the clamp below guarantees): it vectorises, unlike std::nearbyint.
 void quantize_u8_array(const float* x, int64_t n, QParams q, uint8_t* out) {
   const float inv_scale = 1.0f / q.scale;
   const float zp = static_cast<float>(q.zero_point);
+  const float magic = 12582912.0f;  // 1.5 * 2^23
+#pragma omp parallel for simd num_threads(num_threads()) if (n > (int64_t(1) << 16)) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    float v = std::nearbyint(x[i] * inv_scale) + zp;
-    v = std::min(std::max(v, 0.0f), 255.0f);
+    float v = x[i] * inv_scale;
+    v = std::min(std::max(v, -1.0e6f), 1.0e6f);
+    v = (v + magic) - magic;
+    v = std::min(std::max(v + zp, 0.0f), 255.0f);
     out[i] = static_cast<uint8_t>(v);
   }
 }
@@ -57,15 +79,15 @@ void min_max(const float* x, int64_t n, float* min_out, float* max_out) {
     *min_out = *max_out = 0.0f;
     return;
   }
-  float lo = x[0], hi = x[0];
-  bool finite = true;
+  float lo = x[0], hi = x[0], poison = 0.0f;
+#pragma omp parallel for simd num_threads(num_threads()) if (n > (int64_t(1) << 16)) \
+    reduction(min : lo) reduction(max : hi) reduction(+ : poison) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    float v = x[i];
-    finite &= std::isfinite(v);
-    lo = std::min(lo, v);
-    hi = std::max(hi, v);
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+    poison += x[i] * 0.0f;  // NaN if any element is NaN or infinite
   }
-  check(finite, QPACK_STATUS_INVALID_ARGUMENT,
+  check(poison == 0.0f, QPACK_STATUS_INVALID_ARGUMENT,
         "dynamic quantization needs finite input; the input holds NaN or infinity");
   *min_out = lo;
   *max_out = hi;

@@ -52,6 +52,8 @@ QParams choose_qparams_u8(float min, float max);
 
 // x [n] float -> uint8 with (scale, zero_point).
 void quantize_u8_array(const float* x, int64_t n, QParams q, uint8_t* out);
+// Per-thread scratch for quantized activations (grows, never shrinks, not zeroed).
+uint8_t* quantize_buffer(size_t size);
 // min/max over x [n]; (0, 0) for n == 0; NaN propagates as an error.
 void min_max(const float* x, int64_t n, float* min_out, float* max_out);
 

@@ -83,10 +83,10 @@ class OnednnLinear final : public LinearKernel {
     float lo, hi;
     min_max(x, count, &lo, &hi);
     QParams q = choose_qparams_u8(lo, hi);
-    std::vector<uint8_t> qx(static_cast<size_t>(count));
-    quantize_u8_array(x, count, q, qx.data());
+    uint8_t* qx = quantize_buffer(static_cast<size_t>(count));
+    quantize_u8_array(x, count, q, qx);
     RunQuant rq{q.scale, q.zero_point, 1.0f, 0};
-    execute(M, qx.data(), y, &rq);
+    execute(M, qx, y, &rq);
   }
 
   void run_u8(int64_t M, const uint8_t* x, float input_scale, int32_t input_zero_point,

@@ -117,8 +117,8 @@ class QnnpackLinear final : public LinearKernel {
     float lo, hi;
     min_max(x, count, &lo, &hi);
     QParams q = choose_qparams_u8(lo, hi);
-    std::vector<uint8_t> qx(static_cast<size_t>(count));
-    quantize_u8_array(x, count, q, qx.data());
+    uint8_t* qx = quantize_buffer(static_cast<size_t>(count));
+    quantize_u8_array(x, count, q, qx);
     std::vector<float> dequant(weight_scales_.size());
     for (size_t i = 0; i < dequant.size(); ++i) dequant[i] = weight_scales_[i] * q.scale;
     std::vector<float> zero_bias;
@@ -131,7 +131,7 @@ class QnnpackLinear final : public LinearKernel {
     auto status = qnnpack::qnnpackLinearDynamic(
         static_cast<size_t>(M), static_cast<size_t>(spec_.K), static_cast<size_t>(spec_.N),
         static_cast<uint8_t>(q.zero_point), kernel_zero_points_.data(), dequant.data(),
-        qx.data(), static_cast<size_t>(spec_.K), state->packed.get(), bias, y,
+        qx, static_cast<size_t>(spec_.K), state->packed.get(), bias, y,
         static_cast<size_t>(spec_.N), qnnpack_rt::thread_pool());
     check(status == pytorch_qnnp_status_success, QPACK_STATUS_BACKEND_ERROR,
           "qnnpackLinearDynamic failed with status ", static_cast<int>(status));
