@@ -11,7 +11,7 @@ QNNPACK_STAMP := third_party/.cache/qnnpack/.qpack-sha256
 SOURCES := $(shell find src qpack third_party -type f \( -name '*.cc' -o -name '*.h' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.py' -o -name '*.cmake' -o -name 'CMakeLists.txt' \) -not -path 'third_party/.cache/*') CMakeLists.txt pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all bench clean
+.PHONY: setup demo test bench clean core-test sanitize
 
 setup: $(BUILD_STAMP)
 
@@ -36,7 +36,7 @@ $(BUILD_STAMP): $(DEPS_STAMP) $(QNNPACK_STAMP) $(SOURCES)
 demo: setup
 	$(PY) bench/demo.py
 
-test: setup
+test: setup core-test
 	cd /tmp && $(CURDIR)/$(PY) -m pytest -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) $(CURDIR)/tests/python $(PYTEST_ARGS)
 
 bench: setup
@@ -44,3 +44,21 @@ bench: setup
 
 clean:
 	rm -rf build $(BUILD_STAMP)
+
+# C/C++ tests of the core (plain-C consumer of qpack.h, concurrency).
+CMAKE_CORE_ARGS = -G Ninja -DQPACK_BUILD_TESTS=ON -Ddnnl_DIR=$(CURDIR)/$(VENV)/lib/cmake/dnnl \
+	-DQPACK_QNNPACK_SOURCE_DIR=$(CURDIR)/third_party/.cache/qnnpack \
+	-DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja
+core-test: $(DEPS_STAMP) $(QNNPACK_STAMP)
+	$(VENV)/bin/cmake -S . -B build/core $(CMAKE_CORE_ARGS) >/dev/null
+	$(VENV)/bin/cmake --build build/core -j2
+	cd build/core && $(CURDIR)/$(VENV)/bin/ctest --output-on-failure
+
+# Core tests under ASan+UBSan, then TSan.
+sanitize: $(DEPS_STAMP) $(QNNPACK_STAMP)
+	$(VENV)/bin/cmake -S . -B build/asan $(CMAKE_CORE_ARGS) -DQPACK_SANITIZER=address -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	$(VENV)/bin/cmake --build build/asan -j2
+	cd build/asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 $(CURDIR)/$(VENV)/bin/ctest --output-on-failure
+	$(VENV)/bin/cmake -S . -B build/tsan $(CMAKE_CORE_ARGS) -DQPACK_SANITIZER=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	$(VENV)/bin/cmake --build build/tsan -j2
+	cd build/tsan && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" $(CURDIR)/$(VENV)/bin/ctest --output-on-failure

@@ -1,0 +1,169 @@
+/* A plain-C consumer of qpack.h: what an Android/JNI embedder writes. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qpack/qpack.h"
+
+static int failures = 0;
+static int passes = 0;
+#define EXPECT(cond, ...)                                              \
+  do {                                                                 \
+    if (cond) {                                                        \
+      ++passes;                                                        \
+    } else {                                                           \
+      ++failures;                                                      \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);             \
+      fprintf(stderr, __VA_ARGS__);                                    \
+      fprintf(stderr, " (last error: %s)\n", qpack_last_error());      \
+    }                                                                  \
+  } while (0)
+
+enum { K = 37, N = 21, M = 5 };
+
+static void test_f32(void) {
+  float w[N * K], b[N], x[M * K], y[M * N], w2[N * K], b2[N];
+  for (int i = 0; i < N * K; ++i) w[i] = (float)((i * 7919) % 113) / 57.0f - 1.0f;
+  for (int i = 0; i < N; ++i) b[i] = (float)i / 10.0f - 1.0f;
+  for (int i = 0; i < M * K; ++i) x[i] = (float)((i * 104729) % 97) / 48.0f - 1.0f;
+
+  qpack_linear_params p;
+  qpack_linear_params_init(&p);
+  p.in_features = K;
+  p.out_features = N;
+  p.weight = w;
+  p.bias = b;
+  p.retain = QPACK_RETAIN_RELEASE;
+  p.clamp_min = 0.0f; /* fused relu */
+  qpack_linear* lin = NULL;
+  EXPECT(qpack_linear_create(&p, &lin) == QPACK_STATUS_SUCCESS && lin != NULL, "create f32");
+  EXPECT(qpack_linear_run_f32(lin, M, x, y) == QPACK_STATUS_SUCCESS, "run f32");
+  double max_err = 0;
+  for (int m = 0; m < M; ++m) {
+    for (int n = 0; n < N; ++n) {
+      double acc = b[n];
+      for (int k = 0; k < K; ++k) acc += (double)x[m * K + k] * w[n * K + k];
+      if (acc < 0) acc = 0;
+      double err = fabs(acc - y[m * N + n]);
+      if (err > max_err) max_err = err;
+    }
+  }
+  EXPECT(max_err < 1e-4, "f32 max error %g", max_err);
+
+  qpack_linear_info info;
+  EXPECT(qpack_linear_get_info(lin, &info) == QPACK_STATUS_SUCCESS, "info");
+  EXPECT(info.has_original == 0 && info.nbytes_original == 0, "released at create");
+  EXPECT(info.nbytes_packed >= sizeof(w), "packed bytes %zu", info.nbytes_packed);
+  EXPECT(qpack_linear_unpack(lin, w2, b2) == QPACK_STATUS_SUCCESS, "unpack");
+  EXPECT(memcmp(w, w2, sizeof(w)) == 0 && memcmp(b, b2, sizeof(b)) == 0, "unpack bit-exact");
+
+  /* Errors: status + message, object still usable. */
+  EXPECT(qpack_linear_run_u8(lin, M, (const uint8_t*)x, 0.1f, 0, (uint8_t*)y) ==
+             QPACK_STATUS_INVALID_TYPE, "u8 run on f32 layer");
+  EXPECT(strstr(qpack_last_error(), "float32") != NULL, "message names the dtype");
+  EXPECT(qpack_linear_run_f32(lin, -1, x, y) == QPACK_STATUS_INVALID_ARGUMENT, "negative batch");
+  EXPECT(qpack_linear_run_f32(lin, M, x, y) == QPACK_STATUS_SUCCESS, "usable after errors");
+
+  EXPECT(qpack_linear_close(lin) == QPACK_STATUS_SUCCESS, "close");
+  EXPECT(qpack_linear_close(lin) == QPACK_STATUS_SUCCESS, "close twice");
+  EXPECT(qpack_linear_run_f32(lin, M, x, y) == QPACK_STATUS_CLOSED, "run after close");
+  EXPECT(qpack_linear_unpack(lin, w2, b2) == QPACK_STATUS_CLOSED, "unpack after close");
+  qpack_linear_destroy(lin);
+  qpack_linear_destroy(NULL);
+}
+
+static void test_int8_backends_agree(void) {
+  int8_t w[N * K], w2[N * K];
+  uint8_t x[M * K], y1[M * N], y2[M * N];
+  float scales[N], b[N];
+  for (int i = 0; i < N * K; ++i) w[i] = (int8_t)((i * 31) % 255 - 127);
+  for (int i = 0; i < N; ++i) {
+    scales[i] = 0.001f * (float)(i + 1);
+    b[i] = (float)i - 10.0f;
+  }
+  for (int i = 0; i < M * K; ++i) x[i] = (uint8_t)((i * 17) % 256);
+
+  qpack_linear* lin[2] = {NULL, NULL};
+  qpack_backend backends[2] = {QPACK_BACKEND_QNNPACK, QPACK_BACKEND_ONEDNN};
+  for (int i = 0; i < 2; ++i) {
+    qpack_linear_params p;
+    qpack_linear_params_init(&p);
+    p.in_features = K;
+    p.out_features = N;
+    p.mode = QPACK_MODE_INT8_STATIC;
+    p.backend = backends[i];
+    p.weight = w;
+    p.weight_scales = scales;
+    p.num_weight_scales = N;
+    p.bias = b;
+    p.output_scale = 0.25f;
+    p.output_zero_point = 128;
+    EXPECT(qpack_linear_create(&p, &lin[i]) == QPACK_STATUS_SUCCESS, "create int8 backend %d", i);
+  }
+  EXPECT(qpack_linear_run_u8(lin[0], M, x, 0.02f, 100, y1) == QPACK_STATUS_SUCCESS, "run qnnpack");
+  EXPECT(qpack_linear_run_u8(lin[1], M, x, 0.02f, 100, y2) == QPACK_STATUS_SUCCESS, "run onednn");
+  int max_diff = 0;
+  for (int i = 0; i < M * N; ++i) {
+    int d = abs((int)y1[i] - (int)y2[i]);
+    if (d > max_diff) max_diff = d;
+  }
+  EXPECT(max_diff <= 1, "backends differ by %d quanta", max_diff);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT(qpack_linear_release_original(lin[i]) == QPACK_STATUS_SUCCESS, "release");
+    EXPECT(qpack_linear_unpack(lin[i], w2, NULL) == QPACK_STATUS_SUCCESS, "unpack int8");
+    EXPECT(memcmp(w, w2, sizeof(w)) == 0, "int8 unpack bit-exact on backend %d", i);
+    EXPECT(qpack_linear_run_u8(lin[i], M, x, 0.0f, 0, y1) == QPACK_STATUS_INVALID_ARGUMENT,
+           "zero input scale rejected");
+    EXPECT(qpack_linear_run_u8(lin[i], M, x, 0.02f, 256, y1) == QPACK_STATUS_INVALID_ARGUMENT,
+           "zero point out of range rejected");
+    qpack_linear_destroy(lin[i]);
+  }
+}
+
+static void test_bad_params(void) {
+  float w[4] = {1, 2, 3, 4};
+  qpack_linear_params p;
+  qpack_linear_params_init(&p);
+  p.in_features = 2;
+  p.out_features = 2;
+  p.weight = w;
+  qpack_linear* lin = NULL;
+  EXPECT(qpack_linear_create(NULL, &lin) == QPACK_STATUS_INVALID_ARGUMENT, "NULL params");
+  p.in_features = 0;
+  EXPECT(qpack_linear_create(&p, &lin) == QPACK_STATUS_INVALID_ARGUMENT && lin == NULL, "K = 0");
+  p.in_features = 2;
+  p.backend = QPACK_BACKEND_QNNPACK;
+  EXPECT(qpack_linear_create(&p, &lin) == QPACK_STATUS_UNSUPPORTED, "f32 on QNNPACK");
+  p.backend = QPACK_BACKEND_AUTO;
+  p.mode = QPACK_MODE_INT8_DYNAMIC;
+  EXPECT(qpack_linear_create(&p, &lin) == QPACK_STATUS_INVALID_ARGUMENT, "int8 without scales");
+  EXPECT(strstr(qpack_last_error(), "weight_scale") != NULL, "message names weight_scale");
+  EXPECT(qpack_set_num_threads(0) == QPACK_STATUS_INVALID_ARGUMENT, "0 threads");
+}
+
+static void test_retain_policy(void) {
+  int saved = qpack_get_default_retain();
+  qpack_set_default_retain(0);
+  EXPECT(qpack_resolve_retain(QPACK_RETAIN_DEFAULT) == 0, "process default");
+  int prev = qpack_set_thread_retain(QPACK_RETAIN_KEEP);
+  EXPECT(prev == QPACK_RETAIN_DEFAULT, "no override before");
+  EXPECT(qpack_resolve_retain(QPACK_RETAIN_DEFAULT) == 1, "thread override wins");
+  EXPECT(qpack_resolve_retain(QPACK_RETAIN_RELEASE) == 0, "per-object wins");
+  qpack_set_thread_retain(QPACK_RETAIN_DEFAULT);
+  qpack_set_default_retain(saved);
+  EXPECT(qpack_build_mobile() == (saved ? 0 : 1), "mobile build releases by default");
+}
+
+int main(void) {
+  char buf[256];
+  EXPECT(qpack_backend_describe(QPACK_BACKEND_ONEDNN, buf, sizeof(buf)) == QPACK_STATUS_SUCCESS,
+         "describe");
+  printf("%s\n", buf);
+  test_f32();
+  test_int8_backends_agree();
+  test_bad_params();
+  test_retain_policy();
+  printf("c_api: %d passed, %d failed\n", passes, failures);
+  return failures == 0 ? 0 : 1;
+}
