@@ -59,6 +59,10 @@ def build_mobile():
     return bool(qpack_build_mobile())
 
 
+def in_forked_child():
+    return bool(qpack_in_forked_child())
+
+
 def backend_describe(name):
     cdef char buf[512]
     cdef qpack_backend b = BACKENDS[name]

@@ -51,15 +51,23 @@ def _activation_bounds(activation):
         f"unknown activation {activation!r}; use None, 'relu', 'relu6' or ('hardtanh', min, max)")
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+_F32_TINY = float(np.finfo(np.float32).tiny)
+
+
 def _check_scale(value, name):
+    """A scale must be a finite, positive, normal float32."""
+    if isinstance(value, bool):
+        raise InvalidTypeError(f"{name} must be a float, got bool")
     try:
         v = float(value)
     except (TypeError, ValueError):
         raise InvalidTypeError(f"{name} must be a float, got {type(value).__name__}") from None
-    if not (math.isfinite(v) and v > 0.0) or v < sys.float_info.min:
+    if not (math.isfinite(v) and v > 0.0):
         raise InvalidArgumentError(f"{name} = {value} is not a valid scale: it must be finite and positive")
-    if not np.isfinite(np.float32(v)) or np.float32(v) < np.finfo(np.float32).tiny:
-        raise InvalidArgumentError(f"{name} = {value} does not fit a normal float32")
+    if not _F32_TINY <= v <= _F32_MAX:
+        raise InvalidArgumentError(f"{name} = {value} is not a valid scale: it does not fit a normal float32 "
+                                   f"[{_F32_TINY:.3g}, {_F32_MAX:.3g}]")
     return v
 
 

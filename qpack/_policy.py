@@ -55,4 +55,5 @@ def build_info():
         "mobile": _core.build_mobile(),
         "default_retain": _core.get_default_retain(),
         "num_threads": _core.get_num_threads(),
+        "forked_child": _core.in_forked_child(),
     }

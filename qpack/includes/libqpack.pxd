@@ -38,6 +38,7 @@ cdef extern from "qpack/qpack.h" nogil:
     qpack_status qpack_set_num_threads(int num_threads)
     int qpack_get_num_threads()
     int qpack_build_mobile()
+    int qpack_in_forked_child()
     qpack_status qpack_backend_describe(qpack_backend backend, char* buf, size_t size)
     int qpack_backend_available(qpack_backend backend)
 

@@ -86,6 +86,8 @@ qpack_status qpack_set_num_threads(int num_threads) {
 }
 int qpack_get_num_threads(void) { return qpack::num_threads(); }
 
+int qpack_in_forked_child(void) { return qpack::in_forked_child() ? 1 : 0; }
+
 int qpack_build_mobile(void) { return QPACK_MOBILE ? 1 : 0; }
 
 int qpack_backend_available(qpack_backend backend) {

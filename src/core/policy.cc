@@ -1,5 +1,7 @@
 #include "core/policy.h"
 
+#include <pthread.h>
+
 #include <atomic>
 #include <thread>
 
@@ -21,7 +23,19 @@ int initial_threads() {
   return hw == 0 ? 1 : static_cast<int>(hw);
 }
 std::atomic<int> g_num_threads{initial_threads()};
+
+// After fork() the child has one thread; thread pools inherited from the
+// parent (OpenMP's team, QNNPACK's pthreadpool) refer to threads that do not
+// exist there and would hang. A forked child therefore runs every op on the
+// calling thread.
+std::atomic<bool> g_forked_child{false};
+void on_fork_child() { g_forked_child.store(true); }
+struct AtForkRegistration {
+  AtForkRegistration() { pthread_atfork(nullptr, nullptr, on_fork_child); }
+} g_at_fork;
 }  // namespace
+
+bool in_forked_child() { return g_forked_child.load(std::memory_order_relaxed); }
 
 bool default_retain() { return g_default_retain.load(std::memory_order_relaxed); }
 void set_default_retain(bool keep) { g_default_retain.store(keep, std::memory_order_relaxed); }
@@ -38,7 +52,9 @@ bool resolve_retain(int request) {
   return default_retain();
 }
 
-int num_threads() { return g_num_threads.load(std::memory_order_relaxed); }
+int num_threads() {
+  return in_forked_child() ? 1 : g_num_threads.load(std::memory_order_relaxed);
+}
 void set_num_threads(int n) { g_num_threads.store(n, std::memory_order_relaxed); }
 
 }  // namespace qpack

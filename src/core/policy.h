@@ -10,7 +10,10 @@ void set_default_retain(bool keep);
 int thread_retain();          // QPACK_RETAIN_DEFAULT when no override
 int set_thread_retain(int r);  // returns previous
 
+// Threads per op: qpack_set_num_threads' value, or 1 in a process forked
+// after start (see in_forked_child).
 int num_threads();
+bool in_forked_child();
 void set_num_threads(int n);
 
 }  // namespace qpack

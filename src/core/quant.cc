@@ -64,7 +64,7 @@ void quantize_u8_array(const float* x, int64_t n, QParams q, uint8_t* out) {
   const float inv_scale = 1.0f / q.scale;
   const float zp = static_cast<float>(q.zero_point);
   const float magic = 12582912.0f;  // 1.5 * 2^23
-#pragma omp parallel for simd num_threads(num_threads()) if (n > (int64_t(1) << 16)) schedule(static)
+#pragma omp parallel for simd num_threads(num_threads()) if (num_threads() > 1 && n > (int64_t(1) << 16)) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     float v = x[i] * inv_scale;
     v = std::min(std::max(v, -1.0e6f), 1.0e6f);
@@ -80,7 +80,7 @@ void min_max(const float* x, int64_t n, float* min_out, float* max_out) {
     return;
   }
   float lo = x[0], hi = x[0], poison = 0.0f;
-#pragma omp parallel for simd num_threads(num_threads()) if (n > (int64_t(1) << 16)) \
+#pragma omp parallel for simd num_threads(num_threads()) if (num_threads() > 1 && n > (int64_t(1) << 16)) \
     reduction(min : lo) reduction(max : hi) reduction(+ : poison) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     lo = std::min(lo, x[i]);

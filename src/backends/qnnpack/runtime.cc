@@ -1,5 +1,6 @@
 #include "backends/qnnpack/runtime.h"
 
+#include <pthread.h>
 #include <pytorch_qnnpack.h>
 #include <qnnpack/params.h>
 
@@ -26,6 +27,16 @@ struct ThreadPool {
   int threads = 0;
 };
 thread_local ThreadPool t_pool;
+
+// In a forked child the pool's worker threads are gone: destroying it would
+// wait for them forever, so the forking thread's pool is abandoned instead.
+void abandon_pool_in_child() {
+  (void)t_pool.pool.release();
+  t_pool.threads = 0;
+}
+struct AtForkRegistration {
+  AtForkRegistration() { pthread_atfork(nullptr, nullptr, abandon_pool_in_child); }
+} g_at_fork;
 }  // namespace
 
 void ensure_initialized() {

@@ -92,6 +92,10 @@ QPACK_API int qpack_resolve_retain(int retain);
 QPACK_API qpack_status qpack_set_num_threads(int num_threads);
 QPACK_API int qpack_get_num_threads(void);
 
+/* 1 in a process forked after qpack was loaded: there every op runs on the
+ * calling thread (the parent's thread pools do not survive fork). */
+QPACK_API int qpack_in_forked_child(void);
+
 QPACK_API int qpack_build_mobile(void); /* 1 when built with QPACK_MOBILE=ON */
 /* Writes a NUL-terminated, human-readable description into buf. */
 QPACK_API qpack_status qpack_backend_describe(qpack_backend backend, char* buf, size_t size);
