@@ -53,6 +53,9 @@ core-test: $(DEPS_STAMP) $(QNNPACK_STAMP)
 	$(VENV)/bin/cmake -S . -B build/core $(CMAKE_CORE_ARGS) >/dev/null
 	$(VENV)/bin/cmake --build build/core -j2
 	cd build/core && $(CURDIR)/$(VENV)/bin/ctest --output-on-failure
+	$(VENV)/bin/cmake -S . -B build/core-mobile $(CMAKE_CORE_ARGS) -DQPACK_MOBILE=ON >/dev/null
+	$(VENV)/bin/cmake --build build/core-mobile -j2 --target qpack_c_api_consumer
+	build/core-mobile/tests/qpack_c_api_consumer
 
 # Core tests under ASan+UBSan, then TSan.
 sanitize: $(DEPS_STAMP) $(QNNPACK_STAMP)
