@@ -2,8 +2,9 @@
 import numpy as np
 
 from qpack import _core
-from qpack._core import ClosedError, InvalidArgumentError, InvalidTypeError
+from qpack._core import InvalidArgumentError, InvalidTypeError
 from qpack._linear import (
+    _PackedLifetime,
     _activation_bounds,
     _as_given,
     _check_scale,
@@ -46,7 +47,7 @@ def _padding(padding, kernel, stride, dilation):
     return ph, pw, ph, pw
 
 
-class PackedConv2d:
+class PackedConv2d(_PackedLifetime):
     """torch.nn.functional.conv2d on weights packed once for oneDNN or QNNPACK.
 
     ``weight`` is [out_channels, in_channels/groups, kh, kw]:
@@ -67,6 +68,7 @@ class PackedConv2d:
     """
 
     _spatial = 2
+    _what = "packed convolution"
 
     def __init__(self, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
                  backend="auto", retain=None, activation=None, weight_scale=None,
@@ -245,52 +247,10 @@ class PackedConv2d:
             b = _torch().from_numpy(b)
         return w, b
 
-    def release_original(self):
-        """Drop the original weight; unpack() keeps working from the packed form."""
-        self._h.release_original()
-
-    def close(self):
-        """Free the packed memory now (after in-flight runs end). Idempotent."""
-        self._h.close()
-
-    @property
-    def closed(self):
-        return self._h.closed
-
-    def __enter__(self):
-        if self.closed:
-            raise ClosedError("this packed convolution was closed")
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    @property
-    def has_original(self):
-        return self._h.info()["has_original"]
-
-    @property
-    def nbytes_packed(self):
-        return self._h.info()["nbytes_packed"]
-
-    @property
-    def nbytes_original(self):
-        return self._h.info()["nbytes_original"]
-
-    @property
-    def backend(self):
-        return self._h.backend
-
     @property
     def weight_scale(self):
         """Weight scales (float32 array: 1 per-tensor or out_channels per-channel); None for fp32."""
         return None if self._weight_scale is None else self._weight_scale.copy()
-
-    @property
-    def stats(self):
-        """Counters: states_built, cache_hits, evictions, runs."""
-        return self._h.stats()
 
     def __repr__(self):
         state = "closed" if self.closed else ("original kept" if self.has_original else "original released")

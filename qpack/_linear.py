@@ -158,7 +158,55 @@ def _as_given(w, kind, scales, zero_points, legacy_per_channel):
         torch.from_numpy(zero_points.astype(np.int64)), 0)
 
 
-class PackedLinear:
+class _PackedLifetime:
+    """The lifetime surface every packed object shares (over self._h)."""
+
+    _what = "packed object"
+
+    def release_original(self):
+        """Drop the original weight; unpack() keeps working from the packed form."""
+        self._h.release_original()
+
+    def close(self):
+        """Free the packed memory now (after in-flight runs end). Idempotent."""
+        self._h.close()
+
+    @property
+    def closed(self):
+        return self._h.closed
+
+    def __enter__(self):
+        if self.closed:
+            raise ClosedError(f"this {self._what} was closed")
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    @property
+    def has_original(self):
+        return self._h.info()["has_original"]
+
+    @property
+    def nbytes_packed(self):
+        return self._h.info()["nbytes_packed"]
+
+    @property
+    def nbytes_original(self):
+        return self._h.info()["nbytes_original"]
+
+    @property
+    def backend(self):
+        return self._h.backend
+
+    @property
+    def stats(self):
+        """Counters: states_built, cache_hits, evictions, runs."""
+        return self._h.stats()
+
+
+class PackedLinear(_PackedLifetime):
     """y = x @ weight.T + bias, on weights packed once for oneDNN or QNNPACK.
 
     Quantized data is plain integers plus explicit parameters:
@@ -175,6 +223,8 @@ class PackedLinear:
     ``unpack()`` works either way: after release it reconstructs the weight
     bit-exactly from the packed form.
     """
+
+    _what = "packed linear"
 
     def __init__(self, weight, bias=None, *, backend="auto", retain=None, activation=None,
                  weight_scale=None, input_scale=None, input_zero_point=None,
@@ -310,43 +360,6 @@ class PackedLinear:
             b = _torch().from_numpy(b)
         return w, b
 
-    def release_original(self):
-        """Drop the original weight; unpack() keeps working from the packed form."""
-        self._h.release_original()
-
-    def close(self):
-        """Free the packed memory now (after in-flight runs end). Idempotent."""
-        self._h.close()
-
-    @property
-    def closed(self):
-        return self._h.closed
-
-    def __enter__(self):
-        if self.closed:
-            raise ClosedError("this packed linear was closed")
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    @property
-    def has_original(self):
-        return self._h.info()["has_original"]
-
-    @property
-    def nbytes_packed(self):
-        return self._h.info()["nbytes_packed"]
-
-    @property
-    def nbytes_original(self):
-        return self._h.info()["nbytes_original"]
-
-    @property
-    def backend(self):
-        return self._h.backend
-
     @property
     def weight_scale(self):
         """Weight scales (float32 array: 1 per-tensor or N per-channel); None for fp32."""
@@ -357,11 +370,6 @@ class PackedLinear:
         if self._weight_zero_points is None:
             return None if self._weight_scale is None else np.zeros_like(self._weight_scale, dtype=np.int32)
         return self._weight_zero_points.copy()
-
-    @property
-    def stats(self):
-        """Counters: states_built, cache_hits, evictions, runs."""
-        return self._h.stats()
 
     def __repr__(self):
         state = "closed" if self.closed else ("original kept" if self.has_original else "original released")
