@@ -48,12 +48,16 @@ def torch_qconv(engine, x, si, zi, w, ws, b, stride, padding, dilation, groups, 
     return y
 
 
-def float_qconv(x, si, zi, w, ws, b, padding, groups, so, zo):
-    """Reference for what torch's quantized op cannot express (padding='same')."""
+def float_qconv(x, si, zi, w, ws, b, padding, groups, so, zo, stride=1, dilation=1, activation=None):
+    """Reference for what torch's quantized op cannot express or run (padding='same')."""
     xf = (x.double() - zi) * si
     wf = w.double() * torch.tensor(ws, dtype=torch.double).reshape(-1, *([1] * (w.dim() - 1)))
     conv = F.conv2d if w.dim() == 4 else F.conv1d
-    y = conv(xf, wf, None if b is None else b.double(), padding=padding, groups=groups)
+    y = conv(xf, wf, None if b is None else b.double(), stride=stride, padding=padding,
+             dilation=dilation, groups=groups)
+    bounds = _clamp_bounds(activation)
+    if bounds is not None:
+        y = y.clamp(bounds[0], bounds[1])
     return (torch.round(y / so) + zo).clamp(0, 255).to(torch.int32)
 
 
@@ -115,8 +119,13 @@ def check_int8(backend, c, release=True):
                               backend=backend, weight_scale=ws, output_scale=so,
                               output_zero_point=zo, activation=c["activation"], retain=not release)
     y = conv(x, scale=si, zero_point=zi)
-    ref = torch_qconv(ENGINE[backend], x, si, zi, w, ws, b, c["stride"], c["padding"],
-                      c["dilation"], c["groups"], so, zo, c["activation"])
+    if backend == "onednn" and c["k"] == (1, 1) and c["padding"] != (0, 0):
+        # torch 2.13's x86 and onednn quantized 1x1 conv with padding segfault: float reference.
+        ref = float_qconv(x, si, zi, w, ws, b, c["padding"], c["groups"], so, zo,
+                          c["stride"], c["dilation"], c["activation"])
+    else:
+        ref = torch_qconv(ENGINE[backend], x, si, zi, w, ws, b, c["stride"], c["padding"],
+                          c["dilation"], c["groups"], so, zo, c["activation"])
     assert y.shape == ref.shape, c
     diff = (y.to(torch.int32) - ref).abs().max().item() if y.numel() else 0
     assert diff <= 1, (c, diff)
