@@ -22,6 +22,7 @@ from qpack._policy import (
     retain,
     set_default_retain,
 )
+from qpack._conv import PackedConv1d, PackedConv2d
 from qpack._linear import PackedLinear
 
 __version__ = "0.1.0"
@@ -33,6 +34,8 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidTypeError",
     "OutOfMemoryError",
+    "PackedConv1d",
+    "PackedConv2d",
     "PackedLinear",
     "ReleasedError",
     "UnsupportedError",

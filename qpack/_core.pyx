@@ -219,3 +219,4 @@ cdef class LinearHandle:
     def closed(self):
         cdef qpack_linear_info i
         return qpack_linear_get_info(self._h, &i) == QPACK_STATUS_CLOSED
+include "_conv.pxi"

@@ -91,7 +91,130 @@ def _to_numpy(x, what):
     raise InvalidTypeError(f"{what} must be a numpy array or a torch tensor, got {type(x).__name__}")
 
 
-class PackedLinear:
+def _legacy_weight(weight, weight_scale):
+    """(array, weight_scale, zero_points, legacy_per_channel) of a weight.
+
+    legacy_per_channel is None unless weight is a legacy torch.qint8 tensor,
+    whose own scales and zero points are returned."""
+    if not _is_legacy_quantized(weight):
+        return _to_numpy(weight, "weight"), weight_scale, None, None
+    torch = _torch()
+    if weight.dtype != torch.qint8:
+        raise InvalidTypeError(f"a quantized weight must be torch.qint8, got {weight.dtype}")
+    if weight_scale is not None:
+        raise InvalidArgumentError("a torch.qint8 weight carries its own scales; do not pass weight_scale")
+    qscheme = weight.qscheme()
+    if qscheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        scales = np.array([weight.q_scale()], dtype=np.float32)
+        zero_points = np.array([weight.q_zero_point()], dtype=np.int32)
+        per_channel = False
+    elif qscheme in (torch.per_channel_affine, torch.per_channel_symmetric,
+                     torch.per_channel_affine_float_qparams):
+        if weight.q_per_channel_axis() != 0:
+            raise InvalidArgumentError("per-channel weight must be quantized along axis 0 (output channels)")
+        scales = weight.q_per_channel_scales().to(torch.float32).numpy()
+        zero_points = weight.q_per_channel_zero_points().to(torch.int32).numpy()
+        per_channel = True
+    else:
+        raise InvalidArgumentError(f"unsupported weight qscheme {qscheme}")
+    return weight.int_repr().contiguous().numpy(), scales, zero_points, per_channel
+
+
+def _weight_scales(weight_scale, n_out, what):
+    """weight_scale (float, sequence, array or tensor) -> validated float32 [1 or n_out]."""
+    ws = _to_numpy(weight_scale, "weight_scale") if _is_torch(weight_scale) else weight_scale
+    try:
+        scales = np.atleast_1d(np.asarray(ws, dtype=np.float64))
+    except (TypeError, ValueError):
+        raise InvalidTypeError(
+            f"weight_scale must be a float or a 1-D array of floats, got {type(weight_scale).__name__}") from None
+    if scales.ndim != 1 or scales.shape[0] not in (1, n_out):
+        raise InvalidArgumentError(
+            f"weight_scale must be a float or have {n_out} values (one per {what}), "
+            f"got shape {tuple(scales.shape)}")
+    for i, s in enumerate(scales):
+        _check_scale(s, f"weight_scale[{i}]")
+    return scales.astype(np.float32)
+
+
+def _input_array(x, scale, zero_point):
+    """(array, scale, zero_point, legacy) of an input; a torch.quint8 input brings its own."""
+    if not _is_legacy_quantized(x):
+        return _to_numpy(x, "input"), scale, zero_point, False
+    torch = _torch()
+    if x.dtype != torch.quint8:
+        raise InvalidTypeError(f"quantized input must be torch.quint8, got {x.dtype}")
+    if scale is not None or zero_point is not None:
+        raise InvalidArgumentError("a torch.quint8 input carries its own scale and zero point")
+    if x.qscheme() != torch.per_tensor_affine:
+        raise InvalidArgumentError("quantized input must be per-tensor affine")
+    return x.int_repr().numpy(), x.q_scale(), x.q_zero_point(), True
+
+
+def _as_given(w, kind, scales, zero_points, legacy_per_channel):
+    """An unpacked weight array in the kind the caller gave (numpy, torch, torch.qint8)."""
+    if kind == "numpy":
+        return w
+    torch = _torch()
+    wt = torch.from_numpy(w)
+    if kind != "torch_qint8":
+        return wt
+    if not legacy_per_channel:
+        return torch._make_per_tensor_quantized_tensor(wt, float(scales[0]), int(zero_points[0]))
+    return torch._make_per_channel_quantized_tensor(
+        wt, torch.from_numpy(scales.astype(np.float64)),
+        torch.from_numpy(zero_points.astype(np.int64)), 0)
+
+
+class _PackedLifetime:
+    """The lifetime surface every packed object shares (over self._h)."""
+
+    _what = "packed object"
+
+    def release_original(self):
+        """Drop the original weight; unpack() keeps working from the packed form."""
+        self._h.release_original()
+
+    def close(self):
+        """Free the packed memory now (after in-flight runs end). Idempotent."""
+        self._h.close()
+
+    @property
+    def closed(self):
+        return self._h.closed
+
+    def __enter__(self):
+        if self.closed:
+            raise ClosedError(f"this {self._what} was closed")
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    @property
+    def has_original(self):
+        return self._h.info()["has_original"]
+
+    @property
+    def nbytes_packed(self):
+        return self._h.info()["nbytes_packed"]
+
+    @property
+    def nbytes_original(self):
+        return self._h.info()["nbytes_original"]
+
+    @property
+    def backend(self):
+        return self._h.backend
+
+    @property
+    def stats(self):
+        """Counters: states_built, cache_hits, evictions, runs."""
+        return self._h.stats()
+
+
+class PackedLinear(_PackedLifetime):
     """y = x @ weight.T + bias, on weights packed once for oneDNN or QNNPACK.
 
     Quantized data is plain integers plus explicit parameters:
@@ -109,6 +232,8 @@ class PackedLinear:
     bit-exactly from the packed form.
     """
 
+    _what = "packed linear"
+
     def __init__(self, weight, bias=None, *, backend="auto", retain=None, activation=None,
                  weight_scale=None, input_scale=None, input_zero_point=None,
                  output_scale=None, output_zero_point=None, dynamic=False):
@@ -120,30 +245,10 @@ class PackedLinear:
         self._activation = activation
         self._weight_kind = "torch" if _is_torch(weight) else "numpy"
         self._bias_kind = "torch" if _is_torch(bias) else "numpy"
-        weight_zero_points = None
-        if _is_legacy_quantized(weight):
-            torch = _torch()
-            if weight.dtype != torch.qint8:
-                raise InvalidTypeError(f"a quantized weight must be torch.qint8, got {weight.dtype}")
-            if weight_scale is not None:
-                raise InvalidArgumentError("a torch.qint8 weight carries its own scales; do not pass weight_scale")
+        w, weight_scale, weight_zero_points, self._legacy_per_channel = _legacy_weight(
+            weight, weight_scale)
+        if self._legacy_per_channel is not None:
             self._weight_kind = "torch_qint8"
-            self._legacy_per_channel = weight.qscheme() not in (torch.per_tensor_affine,
-                                                                torch.per_tensor_symmetric)
-            if not self._legacy_per_channel:
-                weight_scale = np.array([weight.q_scale()], dtype=np.float32)
-                weight_zero_points = np.array([weight.q_zero_point()], dtype=np.int32)
-            elif weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric,
-                                      torch.per_channel_affine_float_qparams):
-                if weight.q_per_channel_axis() != 0:
-                    raise InvalidArgumentError("per-channel weight must be quantized along axis 0 (output features)")
-                weight_scale = weight.q_per_channel_scales().to(torch.float32).numpy()
-                weight_zero_points = weight.q_per_channel_zero_points().to(torch.int32).numpy()
-            else:
-                raise InvalidArgumentError(f"unsupported weight qscheme {weight.qscheme()}")
-            w = weight.int_repr().contiguous().numpy()
-        else:
-            w = _to_numpy(weight, "weight")
         if w.ndim != 2:
             raise InvalidArgumentError(f"weight must be 2-D [out_features, in_features], got shape {tuple(w.shape)}")
         if w.shape[0] < 1 or w.shape[1] < 1:
@@ -168,21 +273,7 @@ class PackedLinear:
         else:
             raise InvalidTypeError(f"weight must be float32 or int8 (or torch.qint8), got {w.dtype}")
 
-        scales = None
-        if mode != "f32":
-            ws = _to_numpy(weight_scale, "weight_scale") if _is_torch(weight_scale) else weight_scale
-            try:
-                scales = np.atleast_1d(np.asarray(ws, dtype=np.float64))
-            except (TypeError, ValueError):
-                raise InvalidTypeError(
-                    f"weight_scale must be a float or a 1-D array of floats, got {type(weight_scale).__name__}") from None
-            if scales.ndim != 1 or scales.shape[0] not in (1, w.shape[0]):
-                raise InvalidArgumentError(
-                    f"weight_scale must be a float or have {w.shape[0]} values (one per output feature), "
-                    f"got shape {tuple(scales.shape)}")
-            for i, s in enumerate(scales):
-                _check_scale(s, f"weight_scale[{i}]")
-            scales = scales.astype(np.float32)
+        scales = None if mode == "f32" else _weight_scales(weight_scale, w.shape[0], "output feature")
         self._weight_scale = scales
         self._weight_zero_points = weight_zero_points
 
@@ -227,20 +318,8 @@ class PackedLinear:
 
     def forward(self, x, scale=None, zero_point=None):
         h = self._h
-        legacy = _is_legacy_quantized(x)
+        xa, scale, zero_point, legacy = _input_array(x, scale, zero_point)
         torch_in = legacy or _is_torch(x)
-        if legacy:
-            torch = _torch()
-            if x.dtype != torch.quint8:
-                raise InvalidTypeError(f"quantized input must be torch.quint8, got {x.dtype}")
-            if scale is not None or zero_point is not None:
-                raise InvalidArgumentError("a torch.quint8 input carries its own scale and zero point")
-            if x.qscheme() != torch.per_tensor_affine:
-                raise InvalidArgumentError("quantized input must be per-tensor affine")
-            scale, zero_point = x.q_scale(), x.q_zero_point()
-            xa = x.int_repr().numpy()
-        else:
-            xa = _to_numpy(x, "input")
         if xa.ndim < 1:
             raise InvalidArgumentError("input must have at least one dimension [..., in_features]")
         if xa.shape[-1] != self.in_features:
@@ -283,58 +362,11 @@ class PackedLinear:
     def unpack(self):
         """(weight, bias) as given: reconstructed from the packed form if released."""
         w, b = self._h.unpack()
-        if self._weight_kind == "torch_qint8":
-            torch = _torch()
-            wt = torch.from_numpy(w)
-            if not self._legacy_per_channel:
-                w = torch._make_per_tensor_quantized_tensor(
-                    wt, float(self._weight_scale[0]), int(self._weight_zero_points[0]))
-            else:
-                w = torch._make_per_channel_quantized_tensor(
-                    wt, torch.from_numpy(self._weight_scale.astype(np.float64)),
-                    torch.from_numpy(self._weight_zero_points.astype(np.int64)), 0)
-        elif self._weight_kind == "torch":
-            w = _torch().from_numpy(w)
+        w = _as_given(w, self._weight_kind, self._weight_scale, self._weight_zero_points,
+                      self._legacy_per_channel)
         if b is not None and self._bias_kind == "torch":
             b = _torch().from_numpy(b)
         return w, b
-
-    def release_original(self):
-        """Drop the original weight; unpack() keeps working from the packed form."""
-        self._h.release_original()
-
-    def close(self):
-        """Free the packed memory now (after in-flight runs end). Idempotent."""
-        self._h.close()
-
-    @property
-    def closed(self):
-        return self._h.closed
-
-    def __enter__(self):
-        if self.closed:
-            raise ClosedError("this packed linear was closed")
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    @property
-    def has_original(self):
-        return self._h.info()["has_original"]
-
-    @property
-    def nbytes_packed(self):
-        return self._h.info()["nbytes_packed"]
-
-    @property
-    def nbytes_original(self):
-        return self._h.info()["nbytes_original"]
-
-    @property
-    def backend(self):
-        return self._h.backend
 
     @property
     def weight_scale(self):
@@ -346,11 +378,6 @@ class PackedLinear:
         if self._weight_zero_points is None:
             return None if self._weight_scale is None else np.zeros_like(self._weight_scale, dtype=np.int32)
         return self._weight_zero_points.copy()
-
-    @property
-    def stats(self):
-        """Counters: states_built, cache_hits, evictions, runs."""
-        return self._h.stats()
 
     def __repr__(self):
         state = "closed" if self.closed else ("original kept" if self.has_original else "original released")

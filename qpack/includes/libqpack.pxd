@@ -94,3 +94,74 @@ cdef extern from "qpack/qpack.h" nogil:
     qpack_status qpack_linear_unpack(const qpack_linear* linear, void* weight_out, float* bias_out)
     qpack_status qpack_linear_get_info(const qpack_linear* linear, qpack_linear_info* info_out)
     qpack_status qpack_linear_get_stats(const qpack_linear* linear, qpack_linear_stats* stats_out)
+
+    # ---- packed conv2d ----
+    ctypedef enum qpack_layout:
+        QPACK_LAYOUT_NCHW
+        QPACK_LAYOUT_NHWC
+
+    ctypedef struct qpack_conv2d:
+        pass
+
+    ctypedef struct qpack_conv2d_params:
+        int64_t in_channels
+        int64_t out_channels
+        int64_t groups
+        int64_t kernel_h
+        int64_t kernel_w
+        int64_t stride_h
+        int64_t stride_w
+        int64_t pad_top
+        int64_t pad_left
+        int64_t pad_bottom
+        int64_t pad_right
+        int64_t dilation_h
+        int64_t dilation_w
+        qpack_mode mode
+        qpack_backend backend
+        int retain
+        const void* weight
+        const float* weight_scales
+        const int32_t* weight_zero_points
+        int64_t num_weight_scales
+        const float* bias
+        float clamp_min
+        float clamp_max
+        float input_scale
+        int32_t input_zero_point
+        float output_scale
+        int32_t output_zero_point
+
+    ctypedef struct qpack_conv2d_info:
+        int64_t in_channels
+        int64_t out_channels
+        int64_t groups
+        int64_t kernel_h
+        int64_t kernel_w
+        qpack_mode mode
+        qpack_backend backend
+        int has_bias
+        int has_original
+        int64_t num_weight_scales
+        size_t nbytes_packed
+        size_t nbytes_original
+
+    ctypedef qpack_linear_stats qpack_conv2d_stats
+
+    void qpack_conv2d_params_init(qpack_conv2d_params* params)
+    qpack_status qpack_conv2d_create(const qpack_conv2d_params* params, qpack_conv2d** conv_out)
+    void qpack_conv2d_destroy(qpack_conv2d* conv)
+    qpack_status qpack_conv2d_close(qpack_conv2d* conv)
+    qpack_status qpack_conv2d_output_size(const qpack_conv2d* conv, int64_t height, int64_t width,
+                                          int64_t* out_h_out, int64_t* out_w_out)
+    qpack_status qpack_conv2d_run_f32(const qpack_conv2d* conv, int64_t batch, int64_t height,
+                                      int64_t width, qpack_layout x_layout, const float* x,
+                                      qpack_layout y_layout, float* y_out)
+    qpack_status qpack_conv2d_run_u8(const qpack_conv2d* conv, int64_t batch, int64_t height,
+                                     int64_t width, qpack_layout x_layout, const uint8_t* x,
+                                     float input_scale, int32_t input_zero_point,
+                                     qpack_layout y_layout, uint8_t* y_out)
+    qpack_status qpack_conv2d_release_original(qpack_conv2d* conv)
+    qpack_status qpack_conv2d_unpack(const qpack_conv2d* conv, void* weight_out, float* bias_out)
+    qpack_status qpack_conv2d_get_info(const qpack_conv2d* conv, qpack_conv2d_info* info_out)
+    qpack_status qpack_conv2d_get_stats(const qpack_conv2d* conv, qpack_conv2d_stats* stats_out)

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
-#include <new>
 #include <string>
 
+#include "api/guard.h"
 #include "backends/onednn/runtime.h"
 #include "backends/qnnpack/runtime.h"
 #include "core/error.h"
@@ -25,29 +25,7 @@ struct qpack_linear {
 };
 
 namespace {
-thread_local std::string t_last_error;
-
-qpack_status set_error(qpack_status status, const char* message) {
-  t_last_error = message;
-  return status;
-}
-
-template <typename F>
-qpack_status guarded(F&& f) {
-  try {
-    f();
-    t_last_error.clear();
-    return QPACK_STATUS_SUCCESS;
-  } catch (const qpack::Error& e) {
-    return set_error(e.status(), e.what());
-  } catch (const std::bad_alloc&) {
-    return set_error(QPACK_STATUS_OUT_OF_MEMORY, "out of memory");
-  } catch (const std::exception& e) {
-    return set_error(QPACK_STATUS_INTERNAL, e.what());
-  } catch (...) {
-    return set_error(QPACK_STATUS_INTERNAL, "unknown C++ exception");
-  }
-}
+using qpack::api::guarded;
 
 std::shared_ptr<qpack::Linear> live(const qpack_linear* linear) {
   qpack::check(linear != nullptr, QPACK_STATUS_INVALID_ARGUMENT, "linear handle is NULL");
@@ -66,7 +44,7 @@ void check_run_args(const qpack::Linear& l, int64_t batch, const void* x, const 
 
 extern "C" {
 
-const char* qpack_last_error(void) { return t_last_error.c_str(); }
+const char* qpack_last_error(void) { return qpack::api::last_error().c_str(); }
 
 int qpack_get_default_retain(void) { return qpack::default_retain() ? 1 : 0; }
 void qpack_set_default_retain(int keep) { qpack::set_default_retain(keep != 0); }

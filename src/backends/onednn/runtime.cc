@@ -3,6 +3,8 @@
 #include <omp.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <vector>
 #include <memory>
 #include <sstream>
 
@@ -73,6 +75,42 @@ std::string describe() {
   os << "oneDNN " << v->major << "." << v->minor << "." << v->patch << " (" << v->hash
      << "); cpu_runtime=OpenMP; isa=" << isa_name(dnnl::get_effective_cpu_isa());
   return os.str();
+}
+
+void decode_blocked(const dnnl::memory::desc& md, const void* data, size_t elem_size,
+                    void* out) {
+  check(md.get_format_kind() == dnnl::memory::format_kind::blocked, QPACK_STATUS_INTERNAL,
+        "packed oneDNN weight is not in a blocked layout");
+  const auto dims = md.get_dims();
+  const auto strides = md.get_strides();
+  const auto blks = md.get_inner_blks();
+  const auto idxs = md.get_inner_idxs();
+  const int nblks = md.get_inner_nblks();
+  const int nd = static_cast<int>(dims.size());
+  std::vector<int64_t> dim_block(nd, 1), idx(nd, 0), rem(nd);
+  for (int i = 0; i < nblks; ++i) dim_block[idxs[i]] *= blks[i];
+  int64_t total = 1;
+  for (auto d : dims) total *= d;
+  const auto* base = static_cast<const uint8_t*>(data);
+  auto* dst = static_cast<uint8_t*>(out);
+  for (int64_t linear = 0; linear < total; ++linear) {
+    int64_t off = 0;
+    for (int d = 0; d < nd; ++d) {
+      off += (idx[d] / dim_block[d]) * strides[d];
+      rem[d] = dim_block[d];
+    }
+    int64_t inner = 0;
+    for (int i = 0; i < nblks; ++i) {
+      const int d = static_cast<int>(idxs[i]);
+      rem[d] /= blks[i];
+      inner = inner * blks[i] + (idx[d] / rem[d]) % blks[i];
+    }
+    std::memcpy(dst + linear * elem_size, base + (off + inner) * elem_size, elem_size);
+    for (int d = nd - 1; d >= 0; --d) {  // next index, row-major
+      if (++idx[d] < dims[d]) break;
+      idx[d] = 0;
+    }
+  }
 }
 
 }  // namespace onednn_rt

@@ -175,6 +175,107 @@ QPACK_API qpack_status qpack_linear_get_info(const qpack_linear* linear,
 QPACK_API qpack_status qpack_linear_get_stats(const qpack_linear* linear,
                                               qpack_linear_stats* stats_out);
 
+/* ---- packed conv2d ---------------------------------------------------- */
+/*
+ * 2-D convolution (cross-correlation, like torch.nn.functional.conv2d) on
+ * weights packed once. Conv1d is conv2d with kernel_h = 1 and input height 1.
+ *
+ *   weight [out_channels, in_channels / groups, kernel_h, kernel_w]
+ *   x      [batch, in_channels, height, width]   in x_layout
+ *   y      [batch, out_channels, out_h, out_w]   in y_layout
+ *
+ * Modes: F32 (oneDNN) and INT8_STATIC (oneDNN or QNNPACK; uint8 in and out).
+ * QNNPACK computes in NHWC; other layouts are converted around the call.
+ * Padding may be asymmetric (padding="same" with an even kernel); QNNPACK
+ * then needs stride 1 in that dimension.
+ */
+
+typedef enum qpack_layout {
+  QPACK_LAYOUT_NCHW = 0, /* contiguous [N, C, H, W] */
+  QPACK_LAYOUT_NHWC = 1, /* channels last: contiguous [N, H, W, C] */
+} qpack_layout;
+
+typedef struct qpack_conv2d qpack_conv2d;
+
+typedef struct qpack_conv2d_params {
+  int64_t in_channels;          /* >= 1, divisible by groups */
+  int64_t out_channels;         /* >= 1, divisible by groups */
+  int64_t groups;               /* >= 1 */
+  int64_t kernel_h, kernel_w;   /* >= 1 */
+  int64_t stride_h, stride_w;   /* >= 1 */
+  int64_t pad_top, pad_left, pad_bottom, pad_right; /* >= 0 */
+  int64_t dilation_h, dilation_w; /* >= 1 */
+  qpack_mode mode;              /* F32 or INT8_STATIC */
+  qpack_backend backend;        /* AUTO: oneDNN for f32, QNNPACK for int8 */
+  int retain;                   /* qpack_retain */
+  const void* weight;           /* float (F32) or int8_t (INT8_STATIC), layout above */
+  const float* weight_scales;   /* INT8: 1 (per-tensor) or out_channels */
+  const int32_t* weight_zero_points; /* NULL: symmetric; else as many as scales */
+  int64_t num_weight_scales;
+  const float* bias;            /* NULL or [out_channels] */
+  float clamp_min;              /* fused activation, real domain; -INFINITY for none */
+  float clamp_max;              /* +INFINITY for none */
+  float input_scale;            /* INT8_STATIC: expected input scale (0: unknown yet) */
+  int32_t input_zero_point;
+  float output_scale;           /* INT8_STATIC */
+  int32_t output_zero_point;
+} qpack_conv2d_params;
+
+/* Fill params with defaults (stride 1, dilation 1, groups 1, no padding,
+ * no clamp, AUTO backend, DEFAULT retain). */
+QPACK_API void qpack_conv2d_params_init(qpack_conv2d_params* params);
+
+typedef struct qpack_conv2d_info {
+  int64_t in_channels, out_channels, groups, kernel_h, kernel_w;
+  qpack_mode mode;
+  qpack_backend backend;
+  int has_bias;
+  int has_original;
+  int64_t num_weight_scales;
+  size_t nbytes_packed;   /* bytes of packed state(s) held now */
+  size_t nbytes_original; /* bytes of original weights held (0 after release) */
+} qpack_conv2d_info;
+
+/* Same counters as the linear layer. */
+typedef qpack_linear_stats qpack_conv2d_stats;
+
+/* Packs the weights. The object owns a copy of everything it keeps. */
+QPACK_API qpack_status qpack_conv2d_create(const qpack_conv2d_params* params,
+                                           qpack_conv2d** conv_out);
+/* Frees everything; NULL is a no-op. Must not race with other calls. */
+QPACK_API void qpack_conv2d_destroy(qpack_conv2d* conv);
+/* Frees packed memory (at once, or when the last in-flight run ends);
+ * later calls fail with QPACK_STATUS_CLOSED. Idempotent. */
+QPACK_API qpack_status qpack_conv2d_close(qpack_conv2d* conv);
+
+/* Output spatial size for an input of height x width. */
+QPACK_API qpack_status qpack_conv2d_output_size(const qpack_conv2d* conv, int64_t height,
+                                                int64_t width, int64_t* out_h_out,
+                                                int64_t* out_w_out);
+/* F32: x float -> y float. */
+QPACK_API qpack_status qpack_conv2d_run_f32(const qpack_conv2d* conv, int64_t batch,
+                                            int64_t height, int64_t width,
+                                            qpack_layout x_layout, const float* x,
+                                            qpack_layout y_layout, float* y_out);
+/* INT8_STATIC: x uint8 with (input_scale, input_zero_point) -> y uint8 with
+ * the object's output scale and zero point. */
+QPACK_API qpack_status qpack_conv2d_run_u8(const qpack_conv2d* conv, int64_t batch,
+                                           int64_t height, int64_t width,
+                                           qpack_layout x_layout, const uint8_t* x,
+                                           float input_scale, int32_t input_zero_point,
+                                           qpack_layout y_layout, uint8_t* y_out);
+
+/* Drops the original weights; unpack keeps working from the packed form. */
+QPACK_API qpack_status qpack_conv2d_release_original(qpack_conv2d* conv);
+/* Reconstructs the original weights bit-exactly: weight_out in the weight
+ * layout above (float or int8_t by mode), bias_out [out_channels] (may be NULL). */
+QPACK_API qpack_status qpack_conv2d_unpack(const qpack_conv2d* conv, void* weight_out,
+                                           float* bias_out);
+QPACK_API qpack_status qpack_conv2d_get_info(const qpack_conv2d* conv,
+                                             qpack_conv2d_info* info_out);
+QPACK_API qpack_status qpack_conv2d_get_stats(const qpack_conv2d* conv,
+                                              qpack_conv2d_stats* stats_out);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif

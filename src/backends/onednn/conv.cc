@@ -1,0 +1,310 @@
+// oneDNN convolution: fp32 and static int8 (u8 x s8 -> u8, f32 bias).
+//
+// The weight [OC, IC/g, KH, KW] (oihw, or goihw with groups) is reordered once
+// into the layout the convolution primitive asks for (format_tag::any,
+// queried for a channels-last problem of a representative size) and reordered
+// back for unpack. Primitives are created per (batch, height, width, layouts)
+// against that fixed packed layout and kept in a small copy-on-write list;
+// runs take no lock. NCHW data goes straight to the primitive when oneDNN has
+// an optimised kernel for it, and otherwise is reordered to channels-last
+// around the channels-last primitive. Every run uses a per-thread user-mode
+// scratchpad.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backends/onednn/runtime.h"
+#include "core/conv.h"
+#include "core/error.h"
+#include "core/quant.h"
+
+namespace qpack {
+namespace {
+
+using dnnl::memory;
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+struct Prim {
+  int64_t N, H, W;
+  qpack_layout x_layout, y_layout;
+  bool via_nhwc;  // reorder NCHW data to channels-last around the primitive
+  dnnl::convolution_forward primitive;
+  size_t scratch_size;
+};
+using PrimList = std::vector<Prim>;
+
+tag layout_tag(qpack_layout l) { return l == QPACK_LAYOUT_NHWC ? tag::nhwc : tag::nchw; }
+
+class OnednnConv final : public ConvKernel {
+ public:
+  OnednnConv(const ConvSpec& spec, const void* weight) : spec_(spec) {
+    if (spec_.mode != QPACK_MODE_F32) {
+      for (int32_t zp : spec_.weight_zero_points) {
+        check(zp == 0, QPACK_STATUS_UNSUPPORTED,
+              "oneDNN int8 needs symmetric weights (zero point 0), got zero point ", zp,
+              "; use backend='qnnpack' for asymmetric weights");
+      }
+      wei_scales_ = spec_.weight_scales;
+    }
+    const auto& eng = onednn_rt::engine();
+    try {
+      // Pack for a representative channels-last problem; other shapes reuse the layout.
+      const int64_t H = std::max<int64_t>(kPackSize, spec_.dil_h * (spec_.KH - 1) + 1);
+      const int64_t W = std::max<int64_t>(kPackSize, spec_.dil_w * (spec_.KW - 1) + 1);
+      auto pd = make_pd(1, H, W, tag::nhwc, tag::nhwc, memory::desc(wei_dims(), wei_dt(), tag::any));
+      packed_md_ = pd.weights_desc();
+      packed_ = memory(packed_md_, eng);
+      memory plain(plain_md(), eng, const_cast<void*>(weight));
+      onednn_rt::apply_num_threads();
+      auto& strm = onednn_rt::stream();
+      dnnl::reorder(plain, packed_).execute(strm, plain, packed_);
+      strm.wait();
+      if (!spec_.bias.empty()) {
+        bias_ = memory({{spec_.OC}, dt::f32, tag::a}, eng, const_cast<float*>(spec_.bias.data()));
+      }
+    } catch (const dnnl::error& e) {
+      fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN could not pack the convolution weight: ", e.what());
+    }
+    prims_ = std::make_shared<const PrimList>();
+    counters_.states_built.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  void run_f32(const ConvShape& s, const float* x, float* y) const override {
+    if (spec_.mode != QPACK_MODE_F32) ConvKernel::run_f32(s, x, y);
+    counters_.runs.fetch_add(1, std::memory_order_relaxed);
+    if (s.N == 0) return;
+    execute(s, const_cast<float*>(x), y, nullptr);
+  }
+
+  void run_u8(const ConvShape& s, const uint8_t* x, float input_scale, int32_t input_zero_point,
+              uint8_t* y) const override {
+    if (spec_.mode != QPACK_MODE_INT8_STATIC) ConvKernel::run_u8(s, x, 0, 0, y);
+    check_scale(input_scale, "input scale", -1);
+    check_u8_zero_point(input_zero_point, "input zero point");
+    counters_.runs.fetch_add(1, std::memory_order_relaxed);
+    counters_.cache_hits.fetch_add(1, std::memory_order_relaxed);
+    if (s.N == 0) return;
+    RunQuant rq{input_scale, input_zero_point, spec_.output_scale, spec_.output_zero_point};
+    execute(s, const_cast<uint8_t*>(x), y, &rq);
+  }
+
+  void unpack_weight(void* out) const override {
+    try {
+      const auto& eng = onednn_rt::engine();
+      memory plain(plain_md(), eng, out);
+      onednn_rt::apply_num_threads();
+      auto& strm = onednn_rt::stream();
+      memory packed = packed_;  // handles are shallow copies
+      dnnl::reorder(packed, plain).execute(strm, packed, plain);
+      strm.wait();
+      return;
+    } catch (const dnnl::error&) {
+      // A layout with extra terms (int8 compensation) that oneDNN will not
+      // reorder from: read the blocked values ourselves.
+    }
+    onednn_rt::decode_blocked(packed_md_, packed_.get_data_handle(), spec_.weight_elem_size(),
+                              out);
+  }
+
+  size_t nbytes_packed() const override {
+    return packed_md_.get_size() + spec_.bias.size() * sizeof(float) +
+           wei_scales_.size() * sizeof(float);
+  }
+
+ private:
+  static constexpr int64_t kPackSize = 28;
+  static constexpr size_t kMaxPrims = 16;
+
+  struct RunQuant {
+    float src_scale;
+    int32_t src_zp;
+    float dst_scale;
+    int32_t dst_zp;
+  };
+
+  dt wei_dt() const { return spec_.mode == QPACK_MODE_F32 ? dt::f32 : dt::s8; }
+  dt act_dt() const { return spec_.mode == QPACK_MODE_F32 ? dt::f32 : dt::u8; }
+  bool grouped() const { return spec_.groups > 1; }
+
+  memory::dims wei_dims() const {
+    if (grouped()) return {spec_.groups, spec_.ocg(), spec_.icg(), spec_.KH, spec_.KW};
+    return {spec_.OC, spec_.IC, spec_.KH, spec_.KW};
+  }
+  memory::desc plain_md() const {
+    return memory::desc(wei_dims(), wei_dt(), grouped() ? tag::goihw : tag::oihw);
+  }
+
+  dnnl::convolution_forward::primitive_desc make_pd(int64_t N, int64_t H, int64_t W, tag x_tag,
+                                                    tag y_tag,
+                                                    const memory::desc& wei_md) const {
+    int64_t OH, OW;
+    spec_.output_size(H, W, &OH, &OW);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (spec_.mode != QPACK_MODE_F32) {
+      attr.set_scales_mask(DNNL_ARG_SRC, 0);
+      attr.set_scales_mask(DNNL_ARG_WEIGHTS, spec_.per_channel() ? (grouped() ? 3 : 1) : 0);
+      attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
+      attr.set_scales_mask(DNNL_ARG_DST, 0);
+      attr.set_zero_points_mask(DNNL_ARG_DST, 0);
+    }
+    const bool lo = !std::isinf(spec_.clamp_min), hi = !std::isinf(spec_.clamp_max);
+    if (lo || hi) {
+      dnnl::post_ops po;
+      if (lo && spec_.clamp_min == 0.0f && !hi) {
+        po.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+      } else {
+        po.append_eltwise(dnnl::algorithm::eltwise_clip, lo ? spec_.clamp_min : -3.0e38f,
+                          hi ? spec_.clamp_max : 3.0e38f);
+      }
+      attr.set_post_ops(po);
+    }
+    memory::desc src_md({N, spec_.IC, H, W}, act_dt(), x_tag);
+    memory::desc dst_md({N, spec_.OC, OH, OW}, act_dt(), y_tag);
+    const memory::dims strides{spec_.stride_h, spec_.stride_w};
+    const memory::dims dilates{spec_.dil_h - 1, spec_.dil_w - 1};
+    const memory::dims pad_l{spec_.pad_t, spec_.pad_l}, pad_r{spec_.pad_b, spec_.pad_r};
+    const auto& eng = onednn_rt::engine();
+    const auto pk = dnnl::prop_kind::forward_inference;
+    const auto alg = dnnl::algorithm::convolution_direct;
+    if (spec_.bias.empty()) {
+      return dnnl::convolution_forward::primitive_desc(eng, pk, alg, src_md, wei_md, dst_md,
+                                                       strides, dilates, pad_l, pad_r, attr);
+    }
+    memory::desc bia_md({spec_.OC}, dt::f32, tag::a);
+    return dnnl::convolution_forward::primitive_desc(eng, pk, alg, src_md, wei_md, bia_md, dst_md,
+                                                     strides, dilates, pad_l, pad_r, attr);
+  }
+
+  static bool matches(const Prim& p, const ConvShape& s) {
+    return p.N == s.N && p.H == s.H && p.W == s.W && p.x_layout == s.x_layout &&
+           p.y_layout == s.y_layout;
+  }
+
+  Prim build(const ConvShape& s) const {
+    const bool plain_nchw = s.x_layout == QPACK_LAYOUT_NCHW || s.y_layout == QPACK_LAYOUT_NCHW;
+    if (plain_nchw) {
+      try {
+        auto pd = make_pd(s.N, s.H, s.W, layout_tag(s.x_layout), layout_tag(s.y_layout),
+                          packed_md_);
+        if (std::string(pd.impl_info_str()).rfind("ref", 0) != 0) {
+          return Prim{s.N, s.H, s.W, s.x_layout, s.y_layout, false,
+                      dnnl::convolution_forward(pd), pd.scratchpad_desc().get_size()};
+        }
+      } catch (const dnnl::error&) {
+        // fall through to the channels-last primitive
+      }
+    }
+    auto pd = make_pd(s.N, s.H, s.W, tag::nhwc, tag::nhwc, packed_md_);
+    return Prim{s.N, s.H, s.W, s.x_layout, s.y_layout, plain_nchw,
+                dnnl::convolution_forward(pd), pd.scratchpad_desc().get_size()};
+  }
+
+  // Lock-free lookup; builders take build_mutex_ and publish a new list.
+  const Prim& prim_for(const ConvShape& s, std::shared_ptr<const PrimList>& hold) const {
+    hold = std::atomic_load(&prims_);
+    for (const auto& p : *hold) {
+      if (matches(p, s)) return p;
+    }
+    std::lock_guard<std::mutex> lock(build_mutex_);
+    hold = std::atomic_load(&prims_);
+    for (const auto& p : *hold) {
+      if (matches(p, s)) return p;
+    }
+    auto next = std::make_shared<PrimList>();
+    try {
+      next->push_back(build(s));
+    } catch (const dnnl::error& e) {
+      fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN has no convolution for input ", s.N, "x",
+           spec_.IC, "x", s.H, "x", s.W, " with the packed weight layout: ", e.what());
+    }
+    for (const auto& p : *hold) {
+      if (next->size() >= kMaxPrims) {
+        counters_.evictions.fetch_add(1, std::memory_order_relaxed);
+        break;
+      }
+      next->push_back(p);
+    }
+    std::shared_ptr<const PrimList> published = std::move(next);
+    std::atomic_store(&prims_, published);
+    hold = published;
+    return hold->front();
+  }
+
+  void execute(const ConvShape& s, void* src, void* dst, const RunQuant* rq) const {
+    std::shared_ptr<const PrimList> hold;
+    const Prim& prim = prim_for(s, hold);
+    try {
+      const auto& eng = onednn_rt::engine();
+      const memory::dims src_dims{s.N, spec_.IC, s.H, s.W}, dst_dims{s.N, spec_.OC, s.OH, s.OW};
+      memory src_user({src_dims, act_dt(), layout_tag(s.x_layout)}, eng, src);
+      memory dst_user({dst_dims, act_dt(), layout_tag(s.y_layout)}, eng, dst);
+      memory src_m = src_user, dst_m = dst_user;
+      std::vector<uint8_t> src_tmp, dst_tmp;  // channels-last copies (via_nhwc only)
+      onednn_rt::apply_num_threads();
+      auto& strm = onednn_rt::stream();
+      if (prim.via_nhwc && s.x_layout == QPACK_LAYOUT_NCHW) {
+        memory::desc md(src_dims, act_dt(), tag::nhwc);
+        src_tmp.resize(md.get_size());
+        src_m = memory(md, eng, src_tmp.data());
+        dnnl::reorder(src_user, src_m).execute(strm, src_user, src_m);
+      }
+      if (prim.via_nhwc && s.y_layout == QPACK_LAYOUT_NCHW) {
+        memory::desc md(dst_dims, act_dt(), tag::nhwc);
+        dst_tmp.resize(md.get_size());
+        dst_m = memory(md, eng, dst_tmp.data());
+      }
+      std::unordered_map<int, memory> args{
+          {DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, packed_}, {DNNL_ARG_DST, dst_m}};
+      if (!spec_.bias.empty()) args.emplace(DNNL_ARG_BIAS, bias_);
+      if (prim.scratch_size > 0) {
+        memory::desc sd({static_cast<int64_t>(prim.scratch_size)}, dt::u8, tag::a);
+        args.emplace(DNNL_ARG_SCRATCHPAD,
+                     memory(sd, eng, onednn_rt::scratchpad(prim.scratch_size)));
+      }
+      float src_scale = 0, dst_scale = 0;
+      int32_t src_zp = 0, dst_zp = 0;
+      if (rq != nullptr) {
+        src_scale = rq->src_scale;
+        src_zp = rq->src_zp;
+        dst_scale = rq->dst_scale;
+        dst_zp = rq->dst_zp;
+        memory::desc f1({1}, dt::f32, tag::a), i1({1}, dt::s32, tag::a);
+        args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, memory(f1, eng, &src_scale));
+        args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, memory(i1, eng, &src_zp));
+        memory::desc ws({static_cast<int64_t>(wei_scales_.size())}, dt::f32, tag::a);
+        args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS,
+                     memory(ws, eng, const_cast<float*>(wei_scales_.data())));
+        args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, memory(f1, eng, &dst_scale));
+        args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, memory(i1, eng, &dst_zp));
+      }
+      prim.primitive.execute(strm, args);
+      if (!dst_tmp.empty()) dnnl::reorder(dst_m, dst_user).execute(strm, dst_m, dst_user);
+      strm.wait();
+    } catch (const dnnl::error& e) {
+      fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN convolution failed: ", e.what());
+    }
+  }
+
+  ConvSpec spec_;
+  memory::desc packed_md_;
+  memory packed_;
+  memory bias_;
+  std::vector<float> wei_scales_;
+  mutable std::shared_ptr<const PrimList> prims_;  // atomic_load/store only
+  mutable std::mutex build_mutex_;
+};
+
+}  // namespace
+
+std::unique_ptr<ConvKernel> make_onednn_conv(const ConvSpec& spec, const void* weight) {
+  return std::make_unique<OnednnConv>(spec, weight);
+}
+
+}  // namespace qpack
