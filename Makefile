@@ -41,6 +41,8 @@ test: setup core-test
 
 bench: setup
 	$(PY) bench/bench_linear.py
+	$(PY) bench/bench_conv.py
+	$(PY) bench/bench_threads.py
 
 clean:
 	rm -rf build $(BUILD_STAMP)

@@ -25,6 +25,8 @@ warnings.filterwarnings("ignore")
 
 
 def throughput(fn, n_threads, seconds):
+    for _ in range(3):  # warm up: primitive creation, state building
+        fn()
     counts = [0] * n_threads
     stop = threading.Event()
 
@@ -71,6 +73,29 @@ def cases(m, k, n):
     return out
 
 
+def conv_cases():
+    rng = np.random.default_rng(1)
+    w8 = rng.integers(-127, 128, size=(64, 64, 3, 3), dtype=np.int8)
+    b = rng.standard_normal(64).astype(np.float32)
+    xq = np.ascontiguousarray(rng.integers(0, 256, size=(1, 28, 28, 64), dtype=np.uint8).transpose(0, 3, 1, 2))
+    out = []
+    for backend in ("qnnpack", "onednn"):
+        conv = qpack.PackedConv2d(w8, b, padding=1, backend=backend, weight_scale=0.02, input_scale=0.05,
+                                  input_zero_point=128, output_scale=0.5, output_zero_point=128)
+        out.append((f"qpack {backend} static conv", lambda conv=conv: conv(xq)))
+    for engine in ("qnnpack", "x86"):
+        torch.backends.quantized.engine = engine
+        qw = torch._make_per_tensor_quantized_tensor(torch.from_numpy(w8), 0.02, 0)
+        packed = torch.ops.quantized.conv2d_prepack(qw, torch.from_numpy(b), [1, 1], [1, 1], [1, 1], 1)
+        qx = torch._make_per_tensor_quantized_tensor(torch.from_numpy(xq), 0.05, 128)
+
+        def run(packed=packed, qx=qx, engine=engine):
+            torch.backends.quantized.engine = engine
+            torch.ops.quantized.conv2d(qx, packed, 0.5, 128)
+        out.append((f"torch quantized.conv2d [{engine}]", run))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=1.0)
@@ -83,6 +108,10 @@ def main():
             t1 = throughput(fn, 1, args.seconds)
             t2 = throughput(fn, 2, args.seconds)
             rows.append([f"{m}x{k}->{n}", name, f"{t1:.0f}", f"{t2:.0f}", f"{t2 / t1:.2f}"])
+    for name, fn in conv_cases():
+        t1 = throughput(fn, 1, args.seconds)
+        t2 = throughput(fn, 2, args.seconds)
+        rows.append(["3x3 64->64 28x28", name, f"{t1:.0f}", f"{t2:.0f}", f"{t2 / t1:.2f}"])
     print(fmt_table(["shape", "op", "runs/s 1 thread", "runs/s 2 threads", "scaling"], rows))
 
 

@@ -138,3 +138,64 @@ def test_fuzz_run_inputs(inp, kind, backend):
     # The object stays usable.
     ok = np.ones((2, 7), np.uint8 if kind == "static" else np.float32)
     assert lin(ok, **({"scale": 0.1, "zero_point": 0} if kind == "static" else {})).shape == (2, 5)
+
+
+def mostly(draw, good, bad):
+    """Draw from `good` about 85% of the time, else from `bad` (invalid values)."""
+    return draw(st.sampled_from(bad)) if draw(st.integers(0, 99)) >= 85 else draw(st.sampled_from(good))
+
+
+@st.composite
+def conv_cases(draw):
+    groups = mostly(draw, [1, 1, 2, 3], [0, -1, 5])
+    g = max(groups, 1)
+    cin = g * mostly(draw, [1, 2, 3], [0])
+    cout = g * mostly(draw, [1, 2, 4], [0])
+    kh, kw = mostly(draw, [1, 2, 3], [0]), mostly(draw, [1, 3, 4], [0, 12])
+    wshape = mostly(draw, [(cout, cin // g, kh, kw)], [(cout, cin, kh), (cout, cin // g, kh, kw, 1), (cout, cin + 1, kh, kw)])
+    kw_args = {
+        "stride": mostly(draw, [1, 2, (1, 2)], [0, (1,), -1]),
+        "padding": mostly(draw, [0, 1, 2, (0, 1), "same", "valid"], ["full", -1]),
+        "dilation": mostly(draw, [1, 2, (2, 1)], [0]),
+        "groups": groups,
+        "backend": draw(st.sampled_from(["auto", "onednn", "qnnpack"])),
+    }
+    quant = draw(st.booleans())
+    if quant:
+        kw_args["weight_scale"] = draw(st.one_of(SCALES, st.lists(SCALES, min_size=1, max_size=3)))
+        kw_args["output_scale"] = draw(SCALES)
+        kw_args["output_zero_point"] = draw(ZERO_POINTS)
+    in_shape = (draw(st.integers(0, 2)), mostly(draw, [cin], [cin + 1]), draw(st.integers(1, 9)),
+                draw(st.integers(1, 9)))
+    layout = draw(st.sampled_from(["nchw", "nhwc", "strided"]))
+    scale, zp = draw(SCALES), draw(ZERO_POINTS)
+    return wshape, quant, kw_args, in_shape, layout, scale, zp, draw(st.integers(0, 2**16))
+
+
+@pytest.mark.slow
+@FUZZ
+@given(conv_cases())
+def test_fuzz_conv2d(case):
+    wshape, quant, kw_args, in_shape, layout, scale, zp, seed = case
+    rng = np.random.default_rng(seed)
+    w = rand_array(rng, wshape, np.int8 if quant else np.float32)
+    try:
+        conv = qpack.PackedConv2d(w, **kw_args)
+    except Exception as exc:  # noqa: BLE001
+        check_rejection(exc)
+        return
+    x = rand_array(rng, in_shape if layout != "strided" else in_shape[:3] + (in_shape[3] * 2,),
+                   np.uint8 if quant else np.float32)
+    if layout == "nhwc":
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    elif layout == "strided":
+        x = x[..., ::2]
+    call_kw = {"scale": scale, "zero_point": zp} if quant else {}
+    try:
+        y = conv(x, **call_kw)
+    except Exception as exc:  # noqa: BLE001
+        check_rejection(exc)
+    else:
+        assert y.shape[:2] == (in_shape[0], conv.out_channels)
+    conv.release_original()
+    np.testing.assert_array_equal(conv.unpack()[0], w)

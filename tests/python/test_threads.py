@@ -3,6 +3,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -19,24 +20,27 @@ def shared_static_linear(backend, rng):
                               output_zero_point=128), w
 
 
-@pytest.mark.stress
-def test_stress_shared_linear_with_rebuilds_release_and_close(backend):
-    rng = np.random.default_rng(21)
-    lin, w = shared_static_linear(backend, rng)
-    xs = [rng.integers(0, 256, size=(4, 80), dtype=np.uint8) for _ in SCALES]
-    expected = [lin(x, scale=s, zero_point=128) for x, s in zip(xs, SCALES)]
-    qpack.set_num_threads(1)
-    n_threads, iters = 8, 300
-    stop_after_close = threading.Event()
+def shared_static_conv(backend, rng):
+    w = rng.integers(-127, 128, size=(24, 8, 3, 3), dtype=np.int8)
+    b = rng.standard_normal(24).astype(np.float32)
+    return qpack.PackedConv2d(w, b, padding=1, backend=backend, weight_scale=0.01, output_scale=0.3,
+                              output_zero_point=128), w
+
+
+def hammer(obj, w, inputs, n_threads=8, iters=300):
+    """n_threads x iters runs over inputs with mixed scales, while another
+    thread releases, unpacks and finally closes. Returns the tally."""
+    expected = [obj(x, scale=s, zero_point=128) for x, s in inputs]
+    closed = threading.Event()
     results = {"ok": 0, "closed": 0, "bad": []}
     lock = threading.Lock()
 
     def worker(tid):
         for i in range(iters):
-            t = (tid + i) % len(SCALES)
-            closed_before = stop_after_close.is_set()
+            t = (tid + i) % len(inputs)
+            closed_before = closed.is_set()
             try:
-                y = lin(xs[t], scale=SCALES[t], zero_point=128)
+                y = obj(inputs[t][0], scale=inputs[t][1], zero_point=128)
             except qpack.ClosedError:
                 with lock:
                     results["closed"] += 1
@@ -44,23 +48,23 @@ def test_stress_shared_linear_with_rebuilds_release_and_close(backend):
             with lock:
                 if closed_before:
                     results["bad"].append(("ran after close", tid, i))
-                elif not np.array_equal(y, expected[t]):
+                elif not np.array_equal(np.asarray(y), np.asarray(expected[t])):
                     results["bad"].append(("wrong output", tid, i))
                 else:
                     results["ok"] += 1
 
     def lifecycle():
-        lin.release_original()
+        obj.release_original()
         for _ in range(20):
-            w2, _ = lin.unpack()
-            if not np.array_equal(w2, w):
+            if not np.array_equal(obj.unpack()[0], w):
                 results["bad"].append(("unpack differs",))
         while True:
             with lock:
                 if results["ok"] >= n_threads * iters // 2:
                     break
-        lin.close()
-        stop_after_close.set()
+            time.sleep(0.001)
+        obj.close()
+        closed.set()
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_threads)]
     threads.append(threading.Thread(target=lifecycle))
@@ -68,11 +72,27 @@ def test_stress_shared_linear_with_rebuilds_release_and_close(backend):
         t.start()
     for t in threads:
         t.join()
-    assert results["bad"] == []
-    assert results["ok"] >= n_threads * iters // 2
-    assert results["ok"] + results["closed"] == n_threads * iters
+    results["total"] = n_threads * iters
+    return results
+
+
+@pytest.mark.stress
+@pytest.mark.parametrize("kind", ["linear", "conv2d"])
+def test_stress_shared_object_with_rebuilds_release_and_close(backend, kind):
+    rng = np.random.default_rng(21)
+    qpack.set_num_threads(1)
+    if kind == "linear":
+        obj, w = shared_static_linear(backend, rng)
+        inputs = [(rng.integers(0, 256, size=(4, 80), dtype=np.uint8), s) for s in SCALES]
+    else:
+        obj, w = shared_static_conv(backend, rng)
+        inputs = [(rng.integers(0, 256, size=(1, 8, 10, 9), dtype=np.uint8), s) for s in SCALES]
+    r = hammer(obj, w, inputs)
+    assert r["bad"] == []
+    assert r["ok"] >= r["total"] // 2
+    assert r["ok"] + r["closed"] == r["total"]
     with pytest.raises(qpack.ClosedError):
-        lin(xs[0], scale=SCALES[0], zero_point=128)
+        obj(inputs[0][0], scale=SCALES[0], zero_point=128)
 
 
 @pytest.mark.stress
