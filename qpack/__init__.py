@@ -26,6 +26,17 @@ from qpack._linear import PackedLinear
 
 __version__ = "0.1.0"
 
+_TORCH_API = ("freeze", "unfreeze", "memory_report")
+
+
+def __getattr__(name):
+    # The torch integration is imported on first use, so `import qpack` needs no torch.
+    if name in _TORCH_API:
+        import qpack.torch
+        return getattr(qpack.torch, name)
+    raise AttributeError(f"module 'qpack' has no attribute {name!r}")
+
+
 __all__ = [
     "BackendError",
     "ClosedError",
