@@ -288,10 +288,15 @@ def _activation_of(node, cur, modules):
 
 def _analyze(model, rules):
     """{id(layer): (bn, activation)} and the modules that become Identity, from an fx trace."""
-    gm = torch.fx.symbolic_trace(model)
+    class Tracer(torch.fx.Tracer):
+        # every type with a rule is a leaf, so user-registered layers show up as calls
+        def is_leaf_module(self, m, qualname):
+            return type(m) in rules or super().is_leaf_module(m, qualname)
+
+    graph = Tracer().trace(model)
     modules = dict(model.named_modules(remove_duplicate=False))
     calls = collections.Counter()
-    for n in gm.graph.nodes:
+    for n in graph.nodes:
         if n.op == "call_module":
             calls[id(modules[n.target])] += 1
         elif n.op == "get_attr":
@@ -300,7 +305,7 @@ def _analyze(model, rules):
             if obj is not None:
                 calls[id(obj)] += 2
     plan, drop = {}, {}
-    for n in gm.graph.nodes:
+    for n in graph.nodes:
         if n.op != "call_module":
             continue
         mod = modules[n.target]
@@ -397,8 +402,14 @@ def _identity():
     return nn.Identity().train(False)
 
 
+_TRAIN_DEPENDENT = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
+
+
 def _check_eval(model):
-    training = [name or "<root>" for name, m in model.named_modules() if m.training]
+    # The root's flag, and every module whose output depends on it. (torch.ao's convert
+    # leaves its new quantized modules in training mode; they behave the same either way.)
+    training = [name or "<root>" for name, m in model.named_modules()
+                if m.training and (m is model or isinstance(m, _TRAIN_DEPENDENT))]
     if training:
         shown = ", ".join(training[:5]) + (" ..." if len(training) > 5 else "")
         raise InvalidArgumentError(

@@ -337,7 +337,8 @@ class FrozenLinear(_Frozen):
         import torch.ao.nn.intrinsic.quantized as nniq
         cls = nniq.LinearReLU if self._spec.get("activation") == "relu" else nnq.Linear
         qw, b = self._legacy_weight_bias()
-        return self._legacy_finish(cls(self.in_features, self.out_features, bias_=b is not None), qw, b)
+        # (nnq.Linear calls its bias flag bias_, nniq.LinearReLU calls it bias: pass it by position)
+        return self._legacy_finish(cls(self.in_features, self.out_features, b is not None), qw, b)
 
 
 class _FrozenConv(_Frozen):
