@@ -21,6 +21,7 @@
 #include "backends/onednn/runtime.h"
 #include "core/conv.h"
 #include "core/error.h"
+#include "core/policy.h"
 #include "core/quant.h"
 
 namespace qpack {
@@ -36,6 +37,7 @@ struct Prim {
   bool via_nhwc;  // reorder NCHW data to channels-last around the primitive
   dnnl::convolution_forward primitive;
   size_t scratch_size;
+  int threads = 0;  // oneDNN plans the parallel split at creation: key on it
 };
 using PrimList = std::vector<Prim>;
 
@@ -184,7 +186,7 @@ class OnednnConv final : public ConvKernel {
 
   static bool matches(const Prim& p, const ConvShape& s) {
     return p.N == s.N && p.H == s.H && p.W == s.W && p.x_layout == s.x_layout &&
-           p.y_layout == s.y_layout;
+           p.y_layout == s.y_layout && p.threads == num_threads();
   }
 
   Prim build(const ConvShape& s) const {
@@ -219,7 +221,9 @@ class OnednnConv final : public ConvKernel {
     }
     auto next = std::make_shared<PrimList>();
     try {
+      onednn_rt::apply_num_threads();
       next->push_back(build(s));
+      next->back().threads = num_threads();
     } catch (const dnnl::error& e) {
       fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN has no convolution for input ", s.N, "x",
            spec_.IC, "x", s.H, "x", s.W, " with the packed weight layout: ", e.what());

@@ -18,6 +18,7 @@
 
 #include "backends/onednn/runtime.h"
 #include "core/error.h"
+#include "core/policy.h"
 #include "core/linear.h"
 #include "core/quant.h"
 
@@ -32,6 +33,7 @@ struct Prim {
   int64_t M;
   dnnl::matmul primitive;
   size_t scratch_size;
+  int threads;  // oneDNN plans the parallel split at creation: key on it
 };
 using PrimMap = std::vector<Prim>;
 
@@ -41,6 +43,7 @@ class OnednnLinear final : public LinearKernel {
     const auto& eng = onednn_rt::engine();
     try {
       // Pack with a representative batch; other batch sizes reuse the layout.
+      onednn_rt::apply_num_threads();
       auto pd = make_pd(kPackBatch, memory::desc({spec_.K, spec_.N}, wei_dt(), tag::any));
       packed_md_ = pd.weights_desc();
       packed_ = memory(packed_md_, eng);
@@ -54,7 +57,7 @@ class OnednnLinear final : public LinearKernel {
                        const_cast<float*>(spec_.bias.data()));
       }
       prims_ = std::make_shared<const PrimMap>(PrimMap{
-          Prim{kPackBatch, dnnl::matmul(pd), pd.scratchpad_desc().get_size()}});
+          Prim{kPackBatch, dnnl::matmul(pd), pd.scratchpad_desc().get_size(), num_threads()}});
       impl_ = pd.impl_info_str();
     } catch (const dnnl::error& e) {
       fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN could not pack the weight: ", e.what());
@@ -204,24 +207,26 @@ class OnednnLinear final : public LinearKernel {
 
   // Lock-free lookup; builders take build_mutex_ and publish a new map.
   const Prim& prim_for(int64_t M, std::shared_ptr<const PrimMap>& hold) const {
+    const int threads = num_threads();
     hold = std::atomic_load(&prims_);
     for (const auto& p : *hold) {
-      if (p.M == M) return p;
+      if (p.M == M && p.threads == threads) return p;
     }
     std::lock_guard<std::mutex> lock(build_mutex_);
     hold = std::atomic_load(&prims_);
     for (const auto& p : *hold) {
-      if (p.M == M) return p;
+      if (p.M == M && p.threads == threads) return p;
     }
     dnnl::matmul::primitive_desc pd;
     try {
+      onednn_rt::apply_num_threads();
       pd = make_pd(M, packed_md_);
     } catch (const dnnl::error& e) {
       fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN has no matmul for batch ", M,
            " with the packed weight layout: ", e.what());
     }
     auto next = std::make_shared<PrimMap>();
-    next->push_back(Prim{M, dnnl::matmul(pd), pd.scratchpad_desc().get_size()});
+    next->push_back(Prim{M, dnnl::matmul(pd), pd.scratchpad_desc().get_size(), threads});
     for (const auto& p : *hold) {
       if (next->size() >= kMaxPrims) break;
       next->push_back(p);
