@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <memory>
+#include <vector>
+
+#include <omp.h>
 
 namespace qpack {
 
@@ -58,19 +61,60 @@ uint8_t* quantize_buffer(size_t size) {
   return buffer.data.get();
 }
 
-// Round-half-to-even by the float magic-number trick (exact for |v| < 2^22,
-// which the clamp below guarantees): it vectorises, unlike std::nearbyint.
+namespace {
+constexpr int64_t kParallelGrain = int64_t(1) << 16;
+
+// Round-half-to-even by the float magic-number trick (input is finite: min_max
+// checked it); plain loops the compiler vectorises.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define QPACK_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define QPACK_CLONES
+#endif
+
+QPACK_CLONES
+void quantize_range(const float* x, int64_t n, float inv_scale, float zp, uint8_t* out) {
+  const float magic = 12582912.0f;  // 1.5 * 2^23
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    // Past 2^22 the trick may be off by one, but such values clamp to 0 or 255.
+    float v = (x[i] * inv_scale + magic) - magic + zp;
+    v = std::max(v, 0.0f);
+    v = std::min(v, 255.0f);
+    out[i] = static_cast<uint8_t>(static_cast<int32_t>(v));
+  }
+}
+
+QPACK_CLONES
+void min_max_range(const float* x, int64_t n, float* lo_out, float* hi_out, int64_t* nan_out) {
+  float lo = x[0], hi = x[0];
+  int64_t nans = 0;
+#pragma omp simd reduction(min : lo) reduction(max : hi) reduction(+ : nans)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
+    nans += (v != v);
+  }
+  *lo_out = lo;
+  *hi_out = hi;
+  *nan_out = nans;
+}
+}  // namespace
+
 void quantize_u8_array(const float* x, int64_t n, QParams q, uint8_t* out) {
   const float inv_scale = 1.0f / q.scale;
   const float zp = static_cast<float>(q.zero_point);
-  const float magic = 12582912.0f;  // 1.5 * 2^23
-#pragma omp parallel for simd num_threads(num_threads()) if (num_threads() > 1 && n > (int64_t(1) << 16)) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    float v = x[i] * inv_scale;
-    v = std::min(std::max(v, -1.0e6f), 1.0e6f);
-    v = (v + magic) - magic;
-    v = std::min(std::max(v + zp, 0.0f), 255.0f);
-    out[i] = static_cast<uint8_t>(v);
+  const int threads = num_threads();
+  if (threads <= 1 || n < kParallelGrain) {
+    quantize_range(x, n, inv_scale, zp, out);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t begin = n * t / nt, end = n * (t + 1) / nt;
+    quantize_range(x + begin, end - begin, inv_scale, zp, out + begin);
   }
 }
 
@@ -79,15 +123,26 @@ void min_max(const float* x, int64_t n, float* min_out, float* max_out) {
     *min_out = *max_out = 0.0f;
     return;
   }
-  float lo = x[0], hi = x[0], poison = 0.0f;
-#pragma omp parallel for simd num_threads(num_threads()) if (num_threads() > 1 && n > (int64_t(1) << 16)) \
-    reduction(min : lo) reduction(max : hi) reduction(+ : poison) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    lo = std::min(lo, x[i]);
-    hi = std::max(hi, x[i]);
-    poison += x[i] * 0.0f;  // NaN if any element is NaN or infinite
+  float lo, hi;
+  int64_t nans;
+  const int threads = num_threads();
+  if (threads <= 1 || n < kParallelGrain) {
+    min_max_range(x, n, &lo, &hi, &nans);
+  } else {
+    std::vector<float> los(threads, x[0]), his(threads, x[0]);
+    std::vector<int64_t> counts(threads, 0);
+#pragma omp parallel num_threads(threads)
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const int64_t begin = n * t / nt, end = n * (t + 1) / nt;
+      if (end > begin) min_max_range(x + begin, end - begin, &los[t], &his[t], &counts[t]);
+    }
+    lo = *std::min_element(los.begin(), los.end());
+    hi = *std::max_element(his.begin(), his.end());
+    nans = 0;
+    for (int64_t c : counts) nans += c;
   }
-  check(poison == 0.0f, QPACK_STATUS_INVALID_ARGUMENT,
+  check(nans == 0 && std::isfinite(lo) && std::isfinite(hi), QPACK_STATUS_INVALID_ARGUMENT,
         "dynamic quantization needs finite input; the input holds NaN or infinity");
   *min_out = lo;
   *max_out = hi;
