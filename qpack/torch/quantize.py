@@ -31,13 +31,18 @@ def dequantize_weight(qweight, scale):
     return (qweight.to(torch.float32) * scale.reshape(shape).to(torch.float32)).contiguous()
 
 
+_SMALL_SCALE = 6.1e-5
+
+
 def uint8_qparams(lo, hi):
     """Affine uint8 (scale, zero_point) covering [lo, hi] (widened to hold 0)."""
     lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
     scale = (hi - lo) / 255.0
-    if not scale > 1e-8:
-        scale = 1e-8 if hi == lo else scale
-        scale = max(scale, 1e-8)
+    if scale == 0.0:
+        scale = 0.1  # an all-zero calibration range, as PyTorch's ChooseQuantizationParams does
+    # PyTorch's small-scale threshold: below it QNNPACK's int32 bias
+    # (bias / (input_scale * weight_scale)) overflows for ordinary biases.
+    scale = max(scale, _SMALL_SCALE)
     zp = int(round(-lo / scale))
     return float(scale), max(0, min(255, zp))
 

@@ -48,6 +48,25 @@ QParams choose_qparams_u8(float min, float max) {
   return QParams{static_cast<float>(scale), zp};
 }
 
+std::vector<int32_t> quantize_bias_i32(const std::vector<float>& bias,
+                                       const std::vector<float>& weight_scales,
+                                       float input_scale, int64_t channels) {
+  std::vector<int32_t> q(static_cast<size_t>(channels), 0);
+  if (bias.empty()) return q;
+  const bool per_channel = weight_scales.size() > 1;
+  for (int64_t n = 0; n < channels; ++n) {
+    const float s = weight_scales[per_channel ? n : 0] * input_scale;
+    const double v = std::nearbyint(static_cast<double>(bias[n]) / s);
+    check(std::fabs(v) <= double(int64_t(1) << 30), QPACK_STATUS_INVALID_ARGUMENT, "bias[", n,
+          "] = ", bias[n], " is ", v, " in units of input_scale * weight_scale (", input_scale,
+          " * ", weight_scales[per_channel ? n : 0],
+          "): it does not fit QNNPACK's int32 bias. The input scale is too small for this "
+          "bias; calibrate a larger input scale, or use backend='onednn' (float bias)");
+    q[n] = static_cast<int32_t>(v);
+  }
+  return q;
+}
+
 uint8_t* quantize_buffer(size_t size) {
   struct Buffer {
     std::unique_ptr<uint8_t[]> data;

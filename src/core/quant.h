@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "core/error.h"
 
@@ -49,6 +50,14 @@ struct QParams {
 // Dynamic-quantization parameters for a float range, as PyTorch's
 // ChooseQuantizationParams (qmin 0, qmax 255, no reduce_range) computes them.
 QParams choose_qparams_u8(float min, float max);
+
+// PyTorch's int32 bias for QNNPACK: round(bias / (weight_scale * input_scale)),
+// one weight scale (per-tensor) or one per output channel. Throws
+// INVALID_ARGUMENT when a value does not fit (|q| > 2^30, leaving headroom for
+// the accumulator): such an input scale is too small for QNNPACK's int32 bias.
+std::vector<int32_t> quantize_bias_i32(const std::vector<float>& bias,
+                                       const std::vector<float>& weight_scales,
+                                       float input_scale, int64_t channels);
 
 // x [n] float -> uint8 with (scale, zero_point).
 void quantize_u8_array(const float* x, int64_t n, QParams q, uint8_t* out);

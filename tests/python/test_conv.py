@@ -407,3 +407,44 @@ def test_concurrent_runs_share_one_object(backend):
     for t in threads:
         t.join()
     assert errors == []
+
+
+@pytest.mark.parametrize("cin,cout,k,groups", [(32, 192, 1, 1), (16, 16, 3, 16), (8, 24, 3, 1)])
+def test_one_object_many_input_sizes_matches_torch(needs_torch, backend, cin, cout, k, groups):
+    """Input sizes other than the one the weights were packed for: oneDNN may
+    want another layout (qpack re-packs from the packed form); results must
+    stay exact, and unpack must stay bit-exact after re-packing."""
+    torch = needs_torch
+    rng = np.random.default_rng(cin + cout)
+    w = rng.integers(-127, 128, size=(cout, cin // groups, k, k), dtype=np.int8)
+    b = rng.standard_normal(cout).astype(np.float32)
+    conv = qpack.PackedConv2d(w, b, padding=k // 2, groups=groups, backend=backend, weight_scale=0.005,
+                              output_scale=0.05, output_zero_point=10, retain=False)
+    engine = "qnnpack" if backend == "qnnpack" else "x86"
+    for size in (28, 12, 28, 20, 12, 7, 12):
+        x = rng.integers(0, 256, size=(1, cin, size, size), dtype=np.uint8)
+        y = np.asarray(conv(x, scale=0.02, zero_point=120)).astype(np.int32)
+        ref = torch_qconv(engine, torch.from_numpy(x), 0.02, 120, torch.from_numpy(w), [0.005],
+                          torch.from_numpy(b), (1, 1), (k // 2, k // 2), (1, 1), groups, 0.05, 10, None)
+        assert np.abs(y - ref.contiguous().numpy()).max() <= 1, f"size {size}"
+    np.testing.assert_array_equal(conv.unpack()[0], w)
+
+
+def test_fp32_many_input_sizes(needs_torch):
+    torch = needs_torch
+    w, b = torch.randn(48, 16, 1, 1), torch.randn(48)
+    conv = qpack.PackedConv2d(w, b, retain=False)
+    for size in (28, 12, 5, 28, 40, 12):
+        x = torch.randn(1, 16, size, size).contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(conv(x), torch.nn.functional.conv2d(x, w, b), rtol=1e-4, atol=1e-4)
+    assert torch.equal(conv.unpack()[0], w)
+
+
+def test_qnnpack_bias_that_does_not_fit_int32_is_an_error():
+    w = np.ones((4, 8, 1, 1), np.int8)
+    conv = qpack.PackedConv2d(w, np.full(4, 5.0, np.float32), backend="qnnpack", weight_scale=1e-4,
+                              output_scale=0.1, output_zero_point=0)
+    x = np.ones((1, 8, 2, 2), np.uint8)
+    with pytest.raises(qpack.InvalidArgumentError, match="int32 bias"):
+        conv(x, scale=1e-8, zero_point=0)
+    assert np.asarray(conv(x, scale=0.01, zero_point=0)).max() == 50  # still usable

@@ -68,12 +68,13 @@ def make(kind, backend):
         return qpack.PackedLinear(np.ones((4, 3), F32), np.zeros(4, F32))
     if kind == "dynamic":
         return qpack.PackedLinear(int8_w(), backend=backend, weight_scale=0.1, dynamic=True)
-    return qpack.PackedLinear(int8_w(), backend=backend, weight_scale=0.1, output_scale=0.5,
+    bias = np.full(4, 3.0, np.float32) if kind == "static_bias" else None
+    return qpack.PackedLinear(int8_w(), bias, backend=backend, weight_scale=0.1, output_scale=0.5,
                               output_zero_point=10)
 
 
 def good_input(kind):
-    return np.ones((2, 3), np.uint8 if kind == "static" else F32)
+    return np.ones((2, 3), np.uint8 if kind.startswith("static") else F32)
 
 
 RUN_ERRORS = [
@@ -100,6 +101,8 @@ RUN_ERRORS = [
     ("static", lambda: np.ones((2, 3), np.uint8), {"scale": 0.1, "zero_point": 300}, qpack.InvalidArgumentError, "outside"),
     ("static", lambda: np.ones((2, 3), np.uint8), {"scale": 0.1, "zero_point": -5}, qpack.InvalidArgumentError, "outside"),
     ("static", lambda: np.ones((2, 4), np.uint8), {"scale": 0.1, "zero_point": 0}, qpack.InvalidArgumentError, "features"),
+    ("static_bias", lambda: np.ones((2, 3), np.uint8), {"scale": 1e-12, "zero_point": 0}, qpack.InvalidArgumentError,
+     "int32 bias"),
 ]
 
 
@@ -107,11 +110,11 @@ RUN_ERRORS = [
 def test_run_rejects_and_object_stays_usable(backend, kind, build, kwargs, exc, fragment):
     if kind == "f32" and backend == "qnnpack":
         pytest.skip("QNNPACK has no float32 linear")
-    if fragment == "requantization" and backend == "onednn":
+    if fragment in ("requantization", "int32 bias") and backend == "onednn":
         pytest.skip("oneDNN applies scales at run time in float; no requantization-scale limit")
     lin = make(kind, backend)
     x0 = good_input(kind)
-    call_kw = {"scale": 0.1, "zero_point": 3} if kind == "static" else {}
+    call_kw = {"scale": 0.1, "zero_point": 3} if kind.startswith("static") else {}
     before = lin(x0, **call_kw)
     with pytest.raises(exc, match=fragment) as info:
         lin(build(), **kwargs)

@@ -31,7 +31,14 @@ using dnnl::memory;
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
+// Packed weights in one oneDNN layout; immutable once published.
+struct Packed {
+  dnnl::memory::desc md;
+  dnnl::memory mem;
+};
+
 struct Prim {
+  std::shared_ptr<const Packed> weights;  // the layout this primitive was built for
   int64_t N, H, W;
   qpack_layout x_layout, y_layout;
   bool via_nhwc;  // reorder NCHW data to channels-last around the primitive
@@ -60,13 +67,7 @@ class OnednnConv final : public ConvKernel {
       const int64_t H = std::max<int64_t>(kPackSize, spec_.dil_h * (spec_.KH - 1) + 1);
       const int64_t W = std::max<int64_t>(kPackSize, spec_.dil_w * (spec_.KW - 1) + 1);
       auto pd = make_pd(1, H, W, tag::nhwc, tag::nhwc, memory::desc(wei_dims(), wei_dt(), tag::any));
-      packed_md_ = pd.weights_desc();
-      packed_ = memory(packed_md_, eng);
-      memory plain(plain_md(), eng, const_cast<void*>(weight));
-      onednn_rt::apply_num_threads();
-      auto& strm = onednn_rt::stream();
-      dnnl::reorder(plain, packed_).execute(strm, plain, packed_);
-      strm.wait();
+      packed_ = relayout_from_plain(weight, pd.weights_desc());
       if (!spec_.bias.empty()) {
         bias_ = memory({{spec_.OC}, dt::f32, tag::a}, eng, const_cast<float*>(spec_.bias.data()));
       }
@@ -102,26 +103,66 @@ class OnednnConv final : public ConvKernel {
       memory plain(plain_md(), eng, out);
       onednn_rt::apply_num_threads();
       auto& strm = onednn_rt::stream();
-      memory packed = packed_;  // handles are shallow copies
-      dnnl::reorder(packed, plain).execute(strm, packed, plain);
+      auto packed = std::atomic_load(&packed_);
+      memory src = packed->mem;  // handles are shallow copies
+      dnnl::reorder(src, plain).execute(strm, src, plain);
       strm.wait();
       return;
     } catch (const dnnl::error&) {
       // A layout with extra terms (int8 compensation) that oneDNN will not
       // reorder from: read the blocked values ourselves.
     }
-    onednn_rt::decode_blocked(packed_md_, packed_.get_data_handle(), spec_.weight_elem_size(),
+    auto packed = std::atomic_load(&packed_);
+    onednn_rt::decode_blocked(packed->md, packed->mem.get_data_handle(), spec_.weight_elem_size(),
                               out);
   }
 
   size_t nbytes_packed() const override {
-    return packed_md_.get_size() + spec_.bias.size() * sizeof(float) +
-           wei_scales_.size() * sizeof(float);
+    auto packed = std::atomic_load(&packed_);
+    size_t total = packed->md.get_size();
+    std::vector<const Packed*> seen{packed.get()};
+    for (const auto& p : *std::atomic_load(&prims_)) {  // private copies (see kMaxRelayouts)
+      if (std::find(seen.begin(), seen.end(), p.weights.get()) == seen.end()) {
+        seen.push_back(p.weights.get());
+        total += p.weights->md.get_size();
+      }
+    }
+    return total + spec_.bias.size() * sizeof(float) + wei_scales_.size() * sizeof(float);
   }
 
  private:
   static constexpr int64_t kPackSize = 28;
   static constexpr size_t kMaxPrims = 16;
+  // A shape whose best kernel wants another weight layout re-packs the shared
+  // weights (copy-on-write) at most this many times; after that such shapes
+  // get a private copy, so alternating shapes cannot thrash.
+  static constexpr int kMaxRelayouts = 2;
+
+  std::shared_ptr<const Packed> relayout_from_plain(const void* weight,
+                                                    const memory::desc& md) const {
+    const auto& eng = onednn_rt::engine();
+    auto packed = std::make_shared<Packed>();
+    packed->md = md;
+    packed->mem = memory(md, eng);
+    memory plain(plain_md(), eng, const_cast<void*>(weight));
+    onednn_rt::apply_num_threads();
+    auto& strm = onednn_rt::stream();
+    dnnl::reorder(plain, packed->mem).execute(strm, plain, packed->mem);
+    strm.wait();
+    return packed;
+  }
+
+  // New layout from the packed form (never from the released original).
+  std::shared_ptr<const Packed> relayout(const memory::desc& md) const {
+    std::vector<uint8_t> plain(plain_md().get_size());
+    unpack_weight(plain.data());
+    return relayout_from_plain(plain.data(), md);
+  }
+
+  static bool is_reference(const dnnl::convolution_forward::primitive_desc& pd) {
+    // oneDNN's reference implementations are named "ref:...".
+    return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
+  }
 
   struct RunQuant {
     float src_scale;
@@ -189,23 +230,43 @@ class OnednnConv final : public ConvKernel {
            p.y_layout == s.y_layout && p.threads == num_threads();
   }
 
-  Prim build(const ConvShape& s) const {
+  // Every primitive is the one oneDNN picks when free to choose the weight
+  // layout (format_tag::any). Forcing the packed layout instead lets oneDNN
+  // fall back to its reference kernel (100x slower) or, for int8, to a
+  // non-VNNI kernel that expects weights packed differently (wrong results).
+  // When the best kernel for a shape wants another layout, the weights are
+  // re-packed from the packed form.
+  // Called under build_mutex_; sets *relaid when it publishes a new packed_
+  // (the caller then drops primitives built on the old layout).
+  Prim build(const ConvShape& s, bool* relaid) const {
+    auto packed = std::atomic_load(&packed_);
+    const memory::desc any(wei_dims(), wei_dt(), tag::any);
     const bool plain_nchw = s.x_layout == QPACK_LAYOUT_NCHW || s.y_layout == QPACK_LAYOUT_NCHW;
     if (plain_nchw) {
       try {
-        auto pd = make_pd(s.N, s.H, s.W, layout_tag(s.x_layout), layout_tag(s.y_layout),
-                          packed_md_);
-        if (std::string(pd.impl_info_str()).rfind("ref", 0) != 0) {
-          return Prim{s.N, s.H, s.W, s.x_layout, s.y_layout, false,
-                      dnnl::convolution_forward(pd), pd.scratchpad_desc().get_size()};
+        auto best = make_pd(s.N, s.H, s.W, layout_tag(s.x_layout), layout_tag(s.y_layout), any);
+        if (!is_reference(best) && best.weights_desc() == packed->md) {
+          return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, false,
+                      dnnl::convolution_forward(best), best.scratchpad_desc().get_size()};
         }
       } catch (const dnnl::error&) {
         // fall through to the channels-last primitive
       }
     }
-    auto pd = make_pd(s.N, s.H, s.W, tag::nhwc, tag::nhwc, packed_md_);
-    return Prim{s.N, s.H, s.W, s.x_layout, s.y_layout, plain_nchw,
-                dnnl::convolution_forward(pd), pd.scratchpad_desc().get_size()};
+    auto best = make_pd(s.N, s.H, s.W, tag::nhwc, tag::nhwc, any);
+    if (!(best.weights_desc() == packed->md)) {
+      // Re-pack (copy-on-write) or, past kMaxRelayouts, keep a private copy.
+      auto moved = relayout(best.weights_desc());
+      if (relayouts_ < kMaxRelayouts) {
+        ++relayouts_;
+        std::atomic_store(&packed_, moved);
+        *relaid = true;
+      }
+      counters_.states_built.fetch_add(1, std::memory_order_relaxed);
+      packed = moved;
+    }
+    return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, plain_nchw,
+                dnnl::convolution_forward(best), best.scratchpad_desc().get_size()};
   }
 
   // Lock-free lookup; builders take build_mutex_ and publish a new list.
@@ -220,15 +281,21 @@ class OnednnConv final : public ConvKernel {
       if (matches(p, s)) return p;
     }
     auto next = std::make_shared<PrimList>();
+    bool relaid = false;
     try {
       onednn_rt::apply_num_threads();
-      next->push_back(build(s));
+      next->push_back(build(s, &relaid));
       next->back().threads = num_threads();
     } catch (const dnnl::error& e) {
       fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN has no convolution for input ", s.N, "x",
            spec_.IC, "x", s.H, "x", s.W, " with the packed weight layout: ", e.what());
     }
     for (const auto& p : *hold) {
+      if (relaid && p.weights != next->front().weights) {
+        // Built on the old layout: rebuilt on demand against the new one, so
+        // the old copy is freed once in-flight runs end.
+        continue;
+      }
       if (next->size() >= kMaxPrims) {
         counters_.evictions.fetch_add(1, std::memory_order_relaxed);
         break;
@@ -265,7 +332,7 @@ class OnednnConv final : public ConvKernel {
         dst_m = memory(md, eng, dst_tmp.data());
       }
       std::unordered_map<int, memory> args{
-          {DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, packed_}, {DNNL_ARG_DST, dst_m}};
+          {DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, prim.weights->mem}, {DNNL_ARG_DST, dst_m}};
       if (!spec_.bias.empty()) args.emplace(DNNL_ARG_BIAS, bias_);
       if (prim.scratch_size > 0) {
         memory::desc sd({static_cast<int64_t>(prim.scratch_size)}, dt::u8, tag::a);
@@ -297,8 +364,8 @@ class OnednnConv final : public ConvKernel {
   }
 
   ConvSpec spec_;
-  memory::desc packed_md_;
-  memory packed_;
+  mutable std::shared_ptr<const Packed> packed_;  // atomic_load/store only
+  mutable int relayouts_ = 0;                     // guarded by build_mutex_
   memory bias_;
   std::vector<float> wei_scales_;
   mutable std::shared_ptr<const PrimList> prims_;  // atomic_load/store only

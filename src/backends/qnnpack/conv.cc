@@ -289,16 +289,8 @@ class QnnpackConv final : public ConvKernel {
   }
 
   std::vector<int32_t> quantize_bias(float input_scale) const {
-    std::vector<int32_t> q(static_cast<size_t>(spec_.OC), 0);
-    if (spec_.bias.empty() || input_scale <= 0.0f) return q;
-    for (int64_t n = 0; n < spec_.OC; ++n) {
-      float s = spec_.weight_scale(n) * input_scale;
-      double v = std::nearbyint(static_cast<double>(spec_.bias[n]) / s);
-      v = std::min(std::max(v, double(std::numeric_limits<int32_t>::min())),
-                   double(std::numeric_limits<int32_t>::max()));
-      q[n] = static_cast<int32_t>(v);
-    }
-    return q;
+    if (input_scale <= 0.0f) return std::vector<int32_t>(static_cast<size_t>(spec_.OC), 0);
+    return quantize_bias_i32(spec_.bias, spec_.weight_scales, input_scale, spec_.OC);
   }
 
   std::vector<float> requant_scales(float input_scale) const {
