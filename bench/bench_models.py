@@ -81,6 +81,19 @@ def configurations(name, model, inputs, calib):
             return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear},
                                                           dtype=torch.qint8)
         yield f"torch dynamic int8 ({engine})", dq
+    if has_conv:
+        # PyTorch's own static int8 (FX graph mode PTQ), the peer for conv models.
+        for engine in ("qnnpack", "x86"):
+            def sq(engine=engine):
+                from torch.ao.quantization import get_default_qconfig_mapping
+                from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+                torch.backends.quantized.engine = engine
+                prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping(engine),
+                                      example_inputs=(calib,))
+                with torch.no_grad():
+                    prepared(calib)
+                return convert_fx(prepared)
+            yield f"torch static int8 fx ({engine})", sq
     yield "qpack fp32", lambda: qpack.freeze(model, retain=False)
     for backend in ("onednn", "qnnpack"):
         yield f"qpack int8 ({backend})", lambda backend=backend: qpack.freeze(
