@@ -1,10 +1,11 @@
 #include "backends/onednn/int8_split.h"
 
 #include <algorithm>
+#include <type_traits>
+#include <vector>
 
 #include "backends/onednn/runtime.h"
 #include "core/policy.h"
-#include "core/quant.h"
 
 namespace qpack {
 namespace onednn_rt {
@@ -21,25 +22,74 @@ void for_outer(int64_t outer, int64_t per_outer, const Body& body) {
   for (int64_t o = 0; o < outer; ++o) body(o);
 }
 
-// Calls store(index, real value) for every output element, the real value
-// scaled, biased and clamped.
-template <typename Store>
+// Value selects (not std::min/max, which return references) let the
+// compiler vectorize the loops below.
+inline float clamp(float v, float lo, float hi) {
+  v = v < lo ? lo : v;
+  return v > hi ? hi : v;
+}
+
+// n outputs of one span: a row of channels (kPerChannel: scale[j], bias[j])
+// or one channel's pixels (scale[0], bias[0]). 2 * hi + lo is formed in
+// wrapping 32-bit arithmetic, exact while |x - zp| * |w| summed stays in int32
+// (as the fused path's int32 accumulator must), then converted to float once,
+// as oneDNN converts its own accumulator.
+template <bool kPerChannel, typename Out>
+void epilogue_span(const int32_t* __restrict hi, const int32_t* __restrict lo,
+                   const float* __restrict scale, const float* __restrict bias, int64_t n,
+                   const Epilogue& e, Out* __restrict out) {
+  const float clamp_min = e.clamp_min, clamp_max = e.clamp_max;  // +-inf when unset
+  // u8: quantize_u8 without its library call. (v + 1.5 * 2^23) - 1.5 * 2^23
+  // rounds half to even (default rounding mode) for |v| < 2^22; larger values
+  // keep their sign and stay far outside [-512, 512], so the clamps give the
+  // saturated result. Branch-free, so that the loop vectorizes.
+  constexpr float kRound = 12582912.0f;
+  const float dst_scale = e.dst_scale;
+  const int32_t zero_point = e.dst_zero_point;
+  for (int64_t j = 0; j < n; ++j) {
+    const auto sum = static_cast<int32_t>(2u * static_cast<uint32_t>(hi[j]) +
+                                          static_cast<uint32_t>(lo[j]));
+    const int64_t c = kPerChannel ? j : 0;
+    float real = static_cast<float>(sum) * scale[c] + bias[c];
+    real = clamp(real, clamp_min, clamp_max);
+    if constexpr (std::is_same_v<Out, float>) {
+      out[j] = real;
+    } else {
+      const float v = clamp((real / dst_scale + kRound) - kRound, -512.0f, 512.0f);
+      int32_t q = static_cast<int32_t>(v) + zero_point;
+      q = q < 0 ? 0 : q;
+      out[j] = static_cast<uint8_t>(q > 255 ? 255 : q);
+    }
+  }
+}
+
+void split_span(const uint8_t* __restrict x, int64_t n, int32_t d, uint8_t* __restrict hi,
+                uint8_t* __restrict lo) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t v = x[i] + d;
+    hi[i] = static_cast<uint8_t>(v >> 1);
+    lo[i] = static_cast<uint8_t>(v & 1);
+  }
+}
+
+template <typename Out>
 void epilogue(const int32_t* acc, int64_t outer, int64_t C, int64_t inner, const Epilogue& e,
-              const Store& store) {
+              Out* out) {
   const int64_t total = outer * C * inner;
-  const int32_t* hi = acc;
-  const int32_t* lo = acc + total;
+  std::vector<float> scales(C), biases(C);
+  for (int64_t c = 0; c < C; ++c) {
+    scales[c] = e.src_scale * e.wei_scales[e.per_channel ? c : 0];
+    biases[c] = e.bias != nullptr ? e.bias[c] : 0.0f;
+  }
   for_outer(outer, C * inner, [&](int64_t o) {
+    if (inner == 1) {  // matmul, channels-last
+      const int64_t i = o * C;
+      epilogue_span<true>(acc + i, acc + total + i, scales.data(), biases.data(), C, e, out + i);
+      return;
+    }
     for (int64_t c = 0; c < C; ++c) {
-      const float scale = e.src_scale * e.wei_scales[e.per_channel ? c : 0];
-      const float bias = e.bias != nullptr ? e.bias[c] : 0.0f;
-      const int64_t base = (o * C + c) * inner;
-      for (int64_t i = base; i < base + inner; ++i) {
-        const int64_t sum = 2 * static_cast<int64_t>(hi[i]) + lo[i];
-        float real = static_cast<float>(sum) * scale + bias;
-        real = std::min(std::max(real, e.clamp_min), e.clamp_max);  // +-inf when unset
-        store(i, real);
-      }
+      const int64_t i = (o * C + c) * inner;
+      epilogue_span<false>(acc + i, acc + total + i, &scales[c], &biases[c], inner, e, out + i);
     }
   });
 }
@@ -57,26 +107,20 @@ SplitInput split_input(const uint8_t* x, int64_t n, int32_t zero_point, int64_t 
   constexpr int64_t kChunk = 4096;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   for_outer(chunks, kChunk, [&](int64_t ch) {
-    const int64_t end = std::min(n, (ch + 1) * kChunk);
-    for (int64_t i = ch * kChunk; i < end; ++i) {
-      const int32_t v = x[i] + d;
-      hi[i] = static_cast<uint8_t>(v >> 1);
-      lo[i] = static_cast<uint8_t>(v & 1);
-    }
+    const int64_t i = ch * kChunk;
+    split_span(x + i, std::min(kChunk, n - i), d, hi + i, lo + i);
   });
   return SplitInput{out, z, acc};
 }
 
 void epilogue_u8(const int32_t* acc, int64_t outer, int64_t C, int64_t inner, const Epilogue& e,
                  uint8_t* out) {
-  epilogue(acc, outer, C, inner, e, [&](int64_t i, float real) {
-    out[i] = quantize_u8(real, e.dst_scale, e.dst_zero_point);
-  });
+  epilogue(acc, outer, C, inner, e, out);
 }
 
 void epilogue_f32(const int32_t* acc, int64_t outer, int64_t C, int64_t inner, const Epilogue& e,
                   float* out) {
-  epilogue(acc, outer, C, inner, e, [&](int64_t i, float real) { out[i] = real; });
+  epilogue(acc, outer, C, inner, e, out);
 }
 
 }  // namespace onednn_rt
