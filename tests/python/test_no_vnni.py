@@ -83,6 +83,24 @@ def _conv_checks(torch):
             diff = (y.to(torch.int32) - ref).abs().max().item() if y.numel() else 0
             assert diff <= 1, (case, zi, diff)
             worst, count = max(worst, diff), count + 1
+    # Worst cases for int16 pair sums: inputs mostly 255, weights +-127/-128
+    # (depthwise runs unsplit: this checks that oneDNN's kernel stays exact).
+    gen = torch.Generator().manual_seed(3)
+    for cin, cout, groups, k, stride in [(24, 24, 24, 3, 1), (16, 16, 16, 5, 2), (16, 8, 1, 3, 1),
+                                         (8, 12, 2, 3, 1), (32, 16, 1, 1, 1)]:
+        w = torch.where(torch.rand(cout, cin // groups, k, k, generator=gen) < 0.5,
+                        torch.tensor(127, dtype=torch.int8), torch.tensor(-128, dtype=torch.int8))
+        x = torch.randint(0, 256, (2, cin, 9, 9), dtype=torch.uint8, generator=gen)
+        x[torch.rand(x.shape, generator=gen) < 0.7] = 255
+        ws, si, zi, zo = [0.02], 0.04, 3, 128
+        so = (cin // groups) * k * k * 255 * 128 * si * ws[0] / 100  # outputs within +-100 quanta
+        conv = qpack.PackedConv2d(w, None, stride, k // 2, 1, groups, backend="onednn",
+                                  weight_scale=ws, output_scale=so, output_zero_point=zo)
+        y = conv(x, scale=si, zero_point=zi)
+        ref = float_qconv(x, si, zi, w, ws, None, k // 2, groups, so, zo, stride)
+        diff = (y.to(torch.int32) - ref).abs().max().item()
+        assert diff <= 1, (cin, cout, groups, k, stride, diff)
+        worst, count = max(worst, diff), count + 1
     return f"conv {count} cases max diff {worst} quanta"
 
 

@@ -13,6 +13,10 @@
 // On ISAs without VNNI static int8 runs split (int8_split.h): one u8 x s8 ->
 // s32 primitive over the two halves of the input stacked as 2N images, and the
 // epilogue in C++. The packed layout is queried with those attributes.
+// Depthwise convolutions are the exception: they sum over the kernel window
+// only, and oneDNN's int8 depthwise kernels widen to 32 bits before they
+// multiply (no int16 pair sums), so the fused primitive is exact there
+// (tests/python/test_no_vnni.py checks it with worst-case values).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -48,10 +52,15 @@ using PrimList = std::vector<Prim>;
 
 tag layout_tag(qpack_layout l) { return l == QPACK_LAYOUT_NHWC ? tag::nhwc : tag::nchw; }
 
+bool needs_split(const ConvSpec& spec) {
+  const bool depthwise = spec.icg() == 1 && spec.ocg() == 1;
+  return spec.mode != QPACK_MODE_F32 && !depthwise && !onednn_rt::isa_has_vnni();
+}
+
 class OnednnConv final : public ConvKernel {
  public:
   OnednnConv(const ConvSpec& spec, const void* weight)
-      : spec_(spec), split_(spec.mode != QPACK_MODE_F32 && !onednn_rt::isa_has_vnni()) {
+      : spec_(spec), split_(needs_split(spec)) {
     if (spec_.mode != QPACK_MODE_F32) {
       for (int32_t zp : spec_.weight_zero_points) {
         check(zp == 0, QPACK_STATUS_UNSUPPORTED,
