@@ -6,6 +6,7 @@
 
 #include "backends/onednn/runtime.h"
 #include "core/policy.h"
+#include "core/quant.h"
 
 namespace qpack {
 namespace onednn_rt {
@@ -38,27 +39,27 @@ template <bool kPerChannel, typename Out>
 void epilogue_span(const int32_t* __restrict hi, const int32_t* __restrict lo,
                    const float* __restrict scale, const float* __restrict bias, int64_t n,
                    const Epilogue& e, Out* __restrict out) {
-  const float clamp_min = e.clamp_min, clamp_max = e.clamp_max;  // +-inf when unset
-  // u8: quantize_u8 without its library call. (v + 1.5 * 2^23) - 1.5 * 2^23
-  // rounds half to even (default rounding mode) for |v| < 2^22; larger values
-  // keep their sign and stay far outside [-512, 512], so the clamps give the
-  // saturated result. Branch-free, so that the loop vectorizes.
+  // u8: the fused clamp and the uint8 range are one clamp of the rounded
+  // value (rounding is monotonic), as output_bounds_u8 computes it.
+  // (v + 1.5 * 2^23) - 1.5 * 2^23 rounds half to even (default rounding mode)
+  // for |v| < 2^22; larger values keep their sign and stay outside the bounds.
   constexpr float kRound = 12582912.0f;
-  const float dst_scale = e.dst_scale;
-  const int32_t zero_point = e.dst_zero_point;
+  const float inv_scale = 1.0f / e.dst_scale;
+  uint8_t qmin = 0, qmax = 255;
+  output_bounds_u8(e.clamp_min, e.clamp_max, e.dst_scale, e.dst_zero_point, &qmin, &qmax);
+  const auto zero_point = static_cast<float>(e.dst_zero_point);
+  const float vmin = qmin - zero_point, vmax = qmax - zero_point;
+  const float clamp_min = e.clamp_min, clamp_max = e.clamp_max;  // +-inf when unset
   for (int64_t j = 0; j < n; ++j) {
     const auto sum = static_cast<int32_t>(2u * static_cast<uint32_t>(hi[j]) +
                                           static_cast<uint32_t>(lo[j]));
     const int64_t c = kPerChannel ? j : 0;
-    float real = static_cast<float>(sum) * scale[c] + bias[c];
-    real = clamp(real, clamp_min, clamp_max);
+    const float real = static_cast<float>(sum) * scale[c] + bias[c];
     if constexpr (std::is_same_v<Out, float>) {
-      out[j] = real;
+      out[j] = clamp(real, clamp_min, clamp_max);
     } else {
-      const float v = clamp((real / dst_scale + kRound) - kRound, -512.0f, 512.0f);
-      int32_t q = static_cast<int32_t>(v) + zero_point;
-      q = q < 0 ? 0 : q;
-      out[j] = static_cast<uint8_t>(q > 255 ? 255 : q);
+      const float v = clamp((real * inv_scale + kRound) - kRound, vmin, vmax);
+      out[j] = static_cast<uint8_t>(static_cast<int32_t>(v + zero_point));
     }
   }
 }
