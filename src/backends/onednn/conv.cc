@@ -9,6 +9,14 @@
 // an optimised kernel for it, and otherwise is reordered to channels-last
 // around the channels-last primitive. Every run uses a per-thread user-mode
 // scratchpad.
+//
+// On ISAs without VNNI static int8 runs split (int8_split.h): one u8 x s8 ->
+// s32 primitive over the two halves of the input stacked as 2N images, and the
+// epilogue in C++. The packed layout is queried with those attributes.
+// Depthwise convolutions are the exception: they sum over the kernel window
+// only, and oneDNN's int8 depthwise kernels widen to 32 bits before they
+// multiply (no int16 pair sums), so the fused primitive is exact there
+// (tests/python/test_no_vnni.py checks it with worst-case values).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -18,6 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backends/onednn/int8_split.h"
 #include "backends/onednn/runtime.h"
 #include "core/conv.h"
 #include "core/error.h"
@@ -50,9 +59,15 @@ using PrimList = std::vector<Prim>;
 
 tag layout_tag(qpack_layout l) { return l == QPACK_LAYOUT_NHWC ? tag::nhwc : tag::nchw; }
 
+bool needs_split(const ConvSpec& spec) {
+  const bool depthwise = spec.icg() == 1 && spec.ocg() == 1;
+  return spec.mode != QPACK_MODE_F32 && !depthwise && !onednn_rt::isa_has_vnni();
+}
+
 class OnednnConv final : public ConvKernel {
  public:
-  OnednnConv(const ConvSpec& spec, const void* weight) : spec_(spec) {
+  OnednnConv(const ConvSpec& spec, const void* weight)
+      : spec_(spec), split_(needs_split(spec)) {
     if (spec_.mode != QPACK_MODE_F32) {
       for (int32_t zp : spec_.weight_zero_points) {
         check(zp == 0, QPACK_STATUS_UNSUPPORTED,
@@ -68,7 +83,7 @@ class OnednnConv final : public ConvKernel {
       const int64_t W = std::max<int64_t>(kPackSize, spec_.dil_w * (spec_.KW - 1) + 1);
       auto pd = make_pd(1, H, W, tag::nhwc, tag::nhwc, memory::desc(wei_dims(), wei_dt(), tag::any));
       packed_ = relayout_from_plain(weight, pd.weights_desc());
-      if (!spec_.bias.empty()) {
+      if (with_bias()) {
         bias_ = memory({{spec_.OC}, dt::f32, tag::a}, eng, const_cast<float*>(spec_.bias.data()));
       }
     } catch (const dnnl::error& e) {
@@ -94,7 +109,25 @@ class OnednnConv final : public ConvKernel {
     counters_.cache_hits.fetch_add(1, std::memory_order_relaxed);
     if (s.N == 0) return;
     RunQuant rq{input_scale, input_zero_point, spec_.output_scale, spec_.output_zero_point};
-    execute(s, const_cast<uint8_t*>(x), y, &rq);
+    if (!split_) {
+      execute(s, const_cast<uint8_t*>(x), y, &rq);
+      return;
+    }
+    const int64_t in = s.N * spec_.IC * s.H * s.W, out = s.N * spec_.OC * s.OH * s.OW;
+    const auto split = onednn_rt::split_input(x, in, input_zero_point, out);
+    RunQuant split_rq{1.0f, split.zero_point, 1.0f, 0};
+    ConvShape stacked = s;
+    stacked.N = 2 * s.N;
+    execute(stacked, split.halves, split.acc, &split_rq);
+    const onednn_rt::Epilogue e{input_scale, wei_scales_.data(), spec_.per_channel(),
+                                spec_.bias.empty() ? nullptr : spec_.bias.data(),
+                                spec_.clamp_min, spec_.clamp_max, spec_.output_scale,
+                                spec_.output_zero_point};
+    if (s.y_layout == QPACK_LAYOUT_NHWC) {
+      onednn_rt::epilogue_u8(split.acc, s.N * s.OH * s.OW, spec_.OC, 1, e, y);
+    } else {
+      onednn_rt::epilogue_u8(split.acc, s.N, spec_.OC, s.OH * s.OW, e, y);
+    }
   }
 
   void unpack_weight(void* out) const override {
@@ -164,15 +197,12 @@ class OnednnConv final : public ConvKernel {
     return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
   }
 
-  struct RunQuant {
-    float src_scale;
-    int32_t src_zp;
-    float dst_scale;
-    int32_t dst_zp;
-  };
+  using RunQuant = onednn_rt::RunQuant;
 
   dt wei_dt() const { return spec_.mode == QPACK_MODE_F32 ? dt::f32 : dt::s8; }
   dt act_dt() const { return spec_.mode == QPACK_MODE_F32 ? dt::f32 : dt::u8; }
+  dt dst_dt() const { return split_ ? dt::s32 : act_dt(); }
+  bool with_bias() const { return !spec_.bias.empty() && !split_; }
   bool grouped() const { return spec_.groups > 1; }
 
   memory::dims wei_dims() const {
@@ -190,7 +220,10 @@ class OnednnConv final : public ConvKernel {
     spec_.output_size(H, W, &OH, &OW);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (spec_.mode != QPACK_MODE_F32) {
+    if (split_) {
+      // Only the source zero point: scales, bias and clamp are the epilogue's.
+      attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
+    } else if (spec_.mode != QPACK_MODE_F32) {
       attr.set_scales_mask(DNNL_ARG_SRC, 0);
       attr.set_scales_mask(DNNL_ARG_WEIGHTS, spec_.per_channel() ? (grouped() ? 3 : 1) : 0);
       attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
@@ -198,7 +231,7 @@ class OnednnConv final : public ConvKernel {
       attr.set_zero_points_mask(DNNL_ARG_DST, 0);
     }
     const bool lo = !std::isinf(spec_.clamp_min), hi = !std::isinf(spec_.clamp_max);
-    if (lo || hi) {
+    if ((lo || hi) && !split_) {
       dnnl::post_ops po;
       if (lo && spec_.clamp_min == 0.0f && !hi) {
         po.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
@@ -209,14 +242,14 @@ class OnednnConv final : public ConvKernel {
       attr.set_post_ops(po);
     }
     memory::desc src_md({N, spec_.IC, H, W}, act_dt(), x_tag);
-    memory::desc dst_md({N, spec_.OC, OH, OW}, act_dt(), y_tag);
+    memory::desc dst_md({N, spec_.OC, OH, OW}, dst_dt(), y_tag);
     const memory::dims strides{spec_.stride_h, spec_.stride_w};
     const memory::dims dilates{spec_.dil_h - 1, spec_.dil_w - 1};
     const memory::dims pad_l{spec_.pad_t, spec_.pad_l}, pad_r{spec_.pad_b, spec_.pad_r};
     const auto& eng = onednn_rt::engine();
     const auto pk = dnnl::prop_kind::forward_inference;
     const auto alg = dnnl::algorithm::convolution_direct;
-    if (spec_.bias.empty()) {
+    if (!with_bias()) {
       return dnnl::convolution_forward::primitive_desc(eng, pk, alg, src_md, wei_md, dst_md,
                                                        strides, dilates, pad_l, pad_r, attr);
     }
@@ -315,7 +348,7 @@ class OnednnConv final : public ConvKernel {
       const auto& eng = onednn_rt::engine();
       const memory::dims src_dims{s.N, spec_.IC, s.H, s.W}, dst_dims{s.N, spec_.OC, s.OH, s.OW};
       memory src_user({src_dims, act_dt(), layout_tag(s.x_layout)}, eng, src);
-      memory dst_user({dst_dims, act_dt(), layout_tag(s.y_layout)}, eng, dst);
+      memory dst_user({dst_dims, dst_dt(), layout_tag(s.y_layout)}, eng, dst);
       memory src_m = src_user, dst_m = dst_user;
       std::vector<uint8_t> src_tmp, dst_tmp;  // channels-last copies (via_nhwc only)
       onednn_rt::apply_num_threads();
@@ -327,33 +360,20 @@ class OnednnConv final : public ConvKernel {
         dnnl::reorder(src_user, src_m).execute(strm, src_user, src_m);
       }
       if (prim.via_nhwc && s.y_layout == QPACK_LAYOUT_NCHW) {
-        memory::desc md(dst_dims, act_dt(), tag::nhwc);
+        memory::desc md(dst_dims, dst_dt(), tag::nhwc);
         dst_tmp.resize(md.get_size());
         dst_m = memory(md, eng, dst_tmp.data());
       }
       std::unordered_map<int, memory> args{
           {DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, prim.weights->mem}, {DNNL_ARG_DST, dst_m}};
-      if (!spec_.bias.empty()) args.emplace(DNNL_ARG_BIAS, bias_);
+      if (with_bias()) args.emplace(DNNL_ARG_BIAS, bias_);
       if (prim.scratch_size > 0) {
         memory::desc sd({static_cast<int64_t>(prim.scratch_size)}, dt::u8, tag::a);
         args.emplace(DNNL_ARG_SCRATCHPAD,
                      memory(sd, eng, onednn_rt::scratchpad(prim.scratch_size)));
       }
-      float src_scale = 0, dst_scale = 0;
-      int32_t src_zp = 0, dst_zp = 0;
-      if (rq != nullptr) {
-        src_scale = rq->src_scale;
-        src_zp = rq->src_zp;
-        dst_scale = rq->dst_scale;
-        dst_zp = rq->dst_zp;
-        memory::desc f1({1}, dt::f32, tag::a), i1({1}, dt::s32, tag::a);
-        args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, memory(f1, eng, &src_scale));
-        args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, memory(i1, eng, &src_zp));
-        memory::desc ws({static_cast<int64_t>(wei_scales_.size())}, dt::f32, tag::a);
-        args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS,
-                     memory(ws, eng, const_cast<float*>(wei_scales_.data())));
-        args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, memory(f1, eng, &dst_scale));
-        args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, memory(i1, eng, &dst_zp));
+      if (rq != nullptr) {  // split: the epilogue applies the scales
+        onednn_rt::add_quant_args(args, *rq, wei_scales_, !split_, true);
       }
       prim.primitive.execute(strm, args);
       if (!dst_tmp.empty()) dnnl::reorder(dst_m, dst_user).execute(strm, dst_m, dst_user);
@@ -364,6 +384,7 @@ class OnednnConv final : public ConvKernel {
   }
 
   ConvSpec spec_;
+  const bool split_;  // int8 without VNNI: split input, s32 primitive, C++ epilogue
   mutable std::shared_ptr<const Packed> packed_;  // atomic_load/store only
   mutable int relayouts_ = 0;                     // guarded by build_mutex_
   memory bias_;

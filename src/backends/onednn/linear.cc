@@ -7,6 +7,10 @@
 // Primitives are created per batch size M against that fixed packed layout and
 // kept in a small copy-on-write map; runs take no lock. Every run uses a
 // per-thread user-mode scratchpad.
+//
+// On ISAs without VNNI the int8 modes run split (int8_split.h): one u8 x s8
+// -> s32 primitive over the two halves of the input stacked as 2M rows, and
+// the epilogue in C++. The packed layout is queried with those attributes.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -16,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backends/onednn/int8_split.h"
 #include "backends/onednn/runtime.h"
 #include "core/error.h"
 #include "core/policy.h"
@@ -39,7 +44,8 @@ using PrimMap = std::vector<Prim>;
 
 class OnednnLinear final : public LinearKernel {
  public:
-  OnednnLinear(const LinearSpec& spec, const void* weight) : spec_(spec) {
+  OnednnLinear(const LinearSpec& spec, const void* weight)
+      : spec_(spec), split_(spec.mode != QPACK_MODE_F32 && !onednn_rt::isa_has_vnni()) {
     const auto& eng = onednn_rt::engine();
     try {
       // Pack with a representative batch; other batch sizes reuse the layout.
@@ -52,7 +58,7 @@ class OnednnLinear final : public LinearKernel {
       auto& strm = onednn_rt::stream();
       dnnl::reorder(plain, packed_).execute(strm, plain, packed_);
       strm.wait();
-      if (!spec_.bias.empty()) {
+      if (with_bias()) {
         bias_ = memory({{1, spec_.N}, dt::f32, tag::ab}, eng,
                        const_cast<float*>(spec_.bias.data()));
       }
@@ -89,7 +95,7 @@ class OnednnLinear final : public LinearKernel {
     uint8_t* qx = quantize_buffer(static_cast<size_t>(count));
     quantize_u8_array(x, count, q, qx);
     RunQuant rq{q.scale, q.zero_point, 1.0f, 0};
-    execute(M, qx, y, &rq);
+    run_int8(M, qx, rq, y);
   }
 
   void run_u8(int64_t M, const uint8_t* x, float input_scale, int32_t input_zero_point,
@@ -101,7 +107,7 @@ class OnednnLinear final : public LinearKernel {
     counters_.cache_hits.fetch_add(1, std::memory_order_relaxed);
     if (M == 0) return;
     RunQuant rq{input_scale, input_zero_point, spec_.output_scale, spec_.output_zero_point};
-    execute(M, const_cast<uint8_t*>(x), y, &rq);
+    run_int8(M, x, rq, y);
   }
 
   void unpack_weight(void* out) const override {
@@ -161,21 +167,23 @@ class OnednnLinear final : public LinearKernel {
   static constexpr int64_t kPackBatch = 64;
   static constexpr size_t kMaxPrims = 16;
 
-  struct RunQuant {
-    float src_scale;
-    int32_t src_zp;
-    float dst_scale;
-    int32_t dst_zp;
-  };
+  using RunQuant = onednn_rt::RunQuant;
 
   dt wei_dt() const { return spec_.mode == QPACK_MODE_F32 ? dt::f32 : dt::s8; }
   dt src_dt() const { return spec_.mode == QPACK_MODE_F32 ? dt::f32 : dt::u8; }
-  dt dst_dt() const { return spec_.mode == QPACK_MODE_INT8_STATIC ? dt::u8 : dt::f32; }
+  dt dst_dt() const {
+    if (split_) return dt::s32;
+    return spec_.mode == QPACK_MODE_INT8_STATIC ? dt::u8 : dt::f32;
+  }
+  bool with_bias() const { return !spec_.bias.empty() && !split_; }
 
   dnnl::matmul::primitive_desc make_pd(int64_t M, const memory::desc& wei_md) const {
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (spec_.mode != QPACK_MODE_F32) {
+    if (split_) {
+      // Only the source zero point: scales, bias and clamp are the epilogue's.
+      attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
+    } else if (spec_.mode != QPACK_MODE_F32) {
       attr.set_scales_mask(DNNL_ARG_SRC, 0);
       attr.set_scales_mask(DNNL_ARG_WEIGHTS, spec_.per_channel() ? (1 << 1) : 0);
       attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
@@ -185,7 +193,7 @@ class OnednnLinear final : public LinearKernel {
       }
     }
     const bool lo = !std::isinf(spec_.clamp_min), hi = !std::isinf(spec_.clamp_max);
-    if (lo || hi) {
+    if ((lo || hi) && !split_) {
       dnnl::post_ops po;
       if (lo && spec_.clamp_min == 0.0f && !hi) {
         po.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
@@ -197,7 +205,7 @@ class OnednnLinear final : public LinearKernel {
     }
     memory::desc src_md({M, spec_.K}, src_dt(), tag::ab);
     memory::desc dst_md({M, spec_.N}, dst_dt(), tag::ab);
-    if (spec_.bias.empty()) {
+    if (!with_bias()) {
       return dnnl::matmul::primitive_desc(onednn_rt::engine(), src_md, wei_md, dst_md, attr);
     }
     memory::desc bia_md({1, spec_.N}, dt::f32, tag::ab);
@@ -237,6 +245,26 @@ class OnednnLinear final : public LinearKernel {
     return hold->front();
   }
 
+  // Static (u8 out) or dynamic (f32 out) int8 on a u8 input.
+  void run_int8(int64_t M, const uint8_t* x, const RunQuant& rq, void* y) const {
+    if (!split_) {
+      execute(M, const_cast<uint8_t*>(x), y, &rq);
+      return;
+    }
+    const int64_t in = M * spec_.K, out = M * spec_.N;
+    const auto split = onednn_rt::split_input(x, in, rq.src_zp, out);
+    RunQuant split_rq{1.0f, split.zero_point, 1.0f, 0};
+    execute(2 * M, split.halves, split.acc, &split_rq);
+    const onednn_rt::Epilogue e{rq.src_scale, wei_scales_.data(), spec_.per_channel(),
+                                spec_.bias.empty() ? nullptr : spec_.bias.data(),
+                                spec_.clamp_min, spec_.clamp_max, rq.dst_scale, rq.dst_zp};
+    if (spec_.mode == QPACK_MODE_INT8_STATIC) {
+      onednn_rt::epilogue_u8(split.acc, M, spec_.N, 1, e, static_cast<uint8_t*>(y));
+    } else {
+      onednn_rt::epilogue_f32(split.acc, M, spec_.N, 1, e, static_cast<float*>(y));
+    }
+  }
+
   void execute(int64_t M, void* src, void* dst, const RunQuant* rq) const {
     std::shared_ptr<const PrimMap> hold;
     const Prim& prim = prim_for(M, hold);
@@ -246,29 +274,15 @@ class OnednnLinear final : public LinearKernel {
       memory dst_m({{M, spec_.N}, dst_dt(), tag::ab}, eng, dst);
       std::unordered_map<int, memory> args{
           {DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, packed_}, {DNNL_ARG_DST, dst_m}};
-      if (!spec_.bias.empty()) args.emplace(DNNL_ARG_BIAS, bias_);
+      if (with_bias()) args.emplace(DNNL_ARG_BIAS, bias_);
       if (prim.scratch_size > 0) {
         memory::desc sd({static_cast<int64_t>(prim.scratch_size)}, dt::u8, tag::a);
         args.emplace(DNNL_ARG_SCRATCHPAD,
                      memory(sd, eng, onednn_rt::scratchpad(prim.scratch_size)));
       }
-      float src_scale = 0, dst_scale = 0;
-      int32_t src_zp = 0, dst_zp = 0;
-      if (rq != nullptr) {
-        src_scale = rq->src_scale;
-        src_zp = rq->src_zp;
-        dst_scale = rq->dst_scale;
-        dst_zp = rq->dst_zp;
-        memory::desc f1({1}, dt::f32, tag::a), i1({1}, dt::s32, tag::a);
-        args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, memory(f1, eng, &src_scale));
-        args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, memory(i1, eng, &src_zp));
-        memory::desc ws({static_cast<int64_t>(wei_scales_.size())}, dt::f32, tag::a);
-        args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS,
-                     memory(ws, eng, const_cast<float*>(wei_scales_.data())));
-        if (spec_.mode == QPACK_MODE_INT8_STATIC) {
-          args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, memory(f1, eng, &dst_scale));
-          args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, memory(i1, eng, &dst_zp));
-        }
+      if (rq != nullptr) {  // split: the epilogue applies the scales
+        onednn_rt::add_quant_args(args, *rq, wei_scales_, !split_,
+                                  spec_.mode == QPACK_MODE_INT8_STATIC);
       }
       onednn_rt::apply_num_threads();
       auto& strm = onednn_rt::stream();
@@ -280,6 +294,7 @@ class OnednnLinear final : public LinearKernel {
   }
 
   LinearSpec spec_;
+  const bool split_;  // int8 without VNNI: split input, s32 primitive, C++ epilogue
   memory::desc packed_md_;
   memory packed_;
   memory bias_;

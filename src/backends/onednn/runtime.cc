@@ -17,11 +17,11 @@ namespace {
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
-struct Scratch {
+struct Buffer {
   std::unique_ptr<void, FreeDeleter> data;
   size_t size = 0;
 };
-thread_local Scratch t_scratch;
+thread_local Buffer t_buffers[2];  // indexed by ThreadBuffer
 thread_local std::unique_ptr<dnnl::stream> t_stream;
 
 const char* isa_name(dnnl::cpu_isa isa) {
@@ -52,16 +52,33 @@ dnnl::stream& stream() {
   return *t_stream;
 }
 
-void* scratchpad(size_t size) {
+void* thread_buffer(ThreadBuffer which, size_t size) {
   if (size == 0) return nullptr;
-  if (t_scratch.size < size) {
+  Buffer& b = t_buffers[static_cast<int>(which)];
+  if (b.size < size) {
     void* p = nullptr;
     check(posix_memalign(&p, 64, size) == 0 && p != nullptr, QPACK_STATUS_OUT_OF_MEMORY,
-          "could not allocate a ", size, "-byte oneDNN scratchpad");
-    t_scratch.data.reset(p);
-    t_scratch.size = size;
+          "could not allocate a ", size, "-byte oneDNN ",
+          which == ThreadBuffer::scratchpad ? "scratchpad" : "int8 split buffer");
+    b.data.reset(p);
+    b.size = size;
   }
-  return t_scratch.data.get();
+  return b.data.get();
+}
+
+bool isa_has_vnni() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::avx2_vnni:
+    case dnnl::cpu_isa::avx2_vnni_2:
+    case dnnl::cpu_isa::avx512_core_vnni:
+    case dnnl::cpu_isa::avx512_core_bf16:
+    case dnnl::cpu_isa::avx512_core_fp16:
+    case dnnl::cpu_isa::avx512_core_amx:
+    case dnnl::cpu_isa::avx512_core_amx_fp16:
+      return true;
+    default:
+      return false;  // sse41, avx, avx2, avx512_core: vpmaddubsw saturates
+  }
 }
 
 void apply_num_threads() {
@@ -75,6 +92,25 @@ std::string describe() {
   os << "oneDNN " << v->major << "." << v->minor << "." << v->patch << " (" << v->hash
      << "); cpu_runtime=OpenMP; isa=" << isa_name(dnnl::get_effective_cpu_isa());
   return os.str();
+}
+
+void add_quant_args(std::unordered_map<int, dnnl::memory>& args, const RunQuant& q,
+                    const std::vector<float>& wei_scales, bool scales, bool dst) {
+  using dnnl::memory;
+  const auto& eng = engine();
+  const memory::desc f1({1}, memory::data_type::f32, memory::format_tag::a);
+  const memory::desc i1({1}, memory::data_type::s32, memory::format_tag::a);
+  auto& m = const_cast<RunQuant&>(q);
+  args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, memory(i1, eng, &m.src_zp));
+  if (!scales) return;
+  args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, memory(f1, eng, &m.src_scale));
+  const memory::desc ws({static_cast<int64_t>(wei_scales.size())}, memory::data_type::f32,
+                        memory::format_tag::a);
+  args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS,
+               memory(ws, eng, const_cast<float*>(wei_scales.data())));
+  if (!dst) return;
+  args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, memory(f1, eng, &m.dst_scale));
+  args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, memory(i1, eng, &m.dst_zp));
 }
 
 void decode_blocked(const dnnl::memory::desc& md, const void* data, size_t elem_size,

@@ -1,0 +1,121 @@
+"""oneDNN int8 on ISAs without VNNI (AVX2, AVX-512 without VNNI) is exact.
+
+There oneDNN's u8 x s8 kernels add pairs of products in saturating int16
+(vpmaddubsw); qpack splits the activations so that nothing saturates. oneDNN
+reads ONEDNN_MAX_CPU_ISA once, at first use, so each ISA runs this file as a
+script in a fresh process. PyTorch's oneDNN-backed engines (x86, onednn) read
+the same variable and then saturate themselves, so the oracles here are exact
+ones: QNNPACK's engine for linear, a float64 reference for convolution.
+"""
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import qpack
+
+NON_VNNI = ("sse41", "avx", "avx2", "avx512_core")
+
+
+@pytest.mark.skipif(not qpack.backends()["onednn"]["available"], reason="oneDNN is not built")
+@pytest.mark.parametrize("max_isa", ["AVX2", "AVX512_CORE"])
+def test_onednn_int8_exact_without_vnni(needs_torch, max_isa):
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA=max_isa, OMP_NUM_THREADS="2")
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
+                          timeout=600)
+    print(proc.stdout)  # the ISA oneDNN used and the worst differences (pytest -s, -rP)
+    assert proc.returncode == 0, f"ONEDNN_MAX_CPU_ISA={max_isa}:\n{proc.stdout}\n{proc.stderr}"
+
+
+# ---- the child process ---------------------------------------------------------
+
+def _linear_checks(torch):
+    from _oracle import dynamic_linear, static_linear
+
+    rng = np.random.default_rng(7)
+    worst_static = worst_dynamic = 0.0
+    for m, k, n in [(1, 1, 1), (3, 5, 7), (6, 17, 33), (5, 131, 67), (8, 256, 96), (2, 1000, 40)]:
+        for per_channel in (False, True):
+            w = rng.integers(-127, 128, size=(n, k), dtype=np.int8)
+            ws = (rng.random(n if per_channel else 1) * 0.02 + 0.002).astype(np.float32)
+            b = rng.standard_normal(n).astype(np.float32)
+            x = rng.integers(0, 256, size=(m, k), dtype=np.uint8)
+            x[0] = 255  # the worst case for saturation
+            for relu in (False, True):
+                for in_zp in (0, 1, 117, 255):
+                    out_s, out_zp = 0.2 + 0.01 * k, 93
+                    lin = qpack.PackedLinear(w, b, backend="onednn", weight_scale=ws,
+                                             activation="relu" if relu else None,
+                                             output_scale=out_s, output_zero_point=out_zp)
+                    y = lin(x, scale=0.04, zero_point=in_zp)
+                    ref = static_linear(torch, "qnnpack", w, ws, b, x, 0.04, in_zp, out_s, out_zp,
+                                        relu=relu)
+                    diff = np.abs(y.astype(np.int32) - ref.astype(np.int32)).max()
+                    assert diff <= 1, (m, k, n, per_channel, relu, in_zp, diff)
+                    worst_static = max(worst_static, diff)
+            xf = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+            lin = qpack.PackedLinear(w, b, backend="onednn", weight_scale=ws[:1], dynamic=True)
+            ref = dynamic_linear(torch, "qnnpack", w, ws[:1], b, xf)
+            tol = 1e-5 * max(1.0, float(np.abs(ref).max()))
+            np.testing.assert_allclose(lin(xf), ref, rtol=1e-5, atol=tol)
+            worst_dynamic = max(worst_dynamic, float(np.abs(lin(xf) - ref).max()))
+    return f"linear static max diff {worst_static} quanta, dynamic max abs diff {worst_dynamic:.2e}"
+
+
+def _conv_checks(torch):
+    from test_conv import cases, float_qconv, make_int8
+
+    worst, count = 0, 0
+    for case in cases(40, seed=1) + cases(60, seed=100):
+        w, ws, b, x = make_int8(case)
+        for zi in (0, 117, 255):
+            si, so, zo = 0.04, 0.25, 98
+            conv = qpack.PackedConv2d(w, b, case["stride"], case["padding"], case["dilation"],
+                                      case["groups"], backend="onednn", weight_scale=ws,
+                                      output_scale=so, output_zero_point=zo,
+                                      activation=case["activation"])
+            y = conv(x, scale=si, zero_point=zi)
+            ref = float_qconv(x, si, zi, w, ws, b, case["padding"], case["groups"], so, zo,
+                              case["stride"], case["dilation"], case["activation"])
+            diff = (y.to(torch.int32) - ref).abs().max().item() if y.numel() else 0
+            assert diff <= 1, (case, zi, diff)
+            worst, count = max(worst, diff), count + 1
+    # Worst cases for int16 pair sums: inputs mostly 255, weights +-127/-128
+    # (depthwise runs unsplit: this checks that oneDNN's kernel stays exact).
+    gen = torch.Generator().manual_seed(3)
+    for cin, cout, groups, k, stride in [(24, 24, 24, 3, 1), (16, 16, 16, 5, 2), (16, 8, 1, 3, 1),
+                                         (8, 12, 2, 3, 1), (32, 16, 1, 1, 1)]:
+        w = torch.where(torch.rand(cout, cin // groups, k, k, generator=gen) < 0.5,
+                        torch.tensor(127, dtype=torch.int8), torch.tensor(-128, dtype=torch.int8))
+        x = torch.randint(0, 256, (2, cin, 9, 9), dtype=torch.uint8, generator=gen)
+        x[torch.rand(x.shape, generator=gen) < 0.7] = 255
+        ws, si, zi, zo = [0.02], 0.04, 3, 128
+        so = (cin // groups) * k * k * 255 * 128 * si * ws[0] / 100  # outputs within +-100 quanta
+        conv = qpack.PackedConv2d(w, None, stride, k // 2, 1, groups, backend="onednn",
+                                  weight_scale=ws, output_scale=so, output_zero_point=zo)
+        y = conv(x, scale=si, zero_point=zi)
+        ref = float_qconv(x, si, zi, w, ws, None, k // 2, groups, so, zo, stride)
+        diff = (y.to(torch.int32) - ref).abs().max().item()
+        assert diff <= 1, (cin, cout, groups, k, stride, diff)
+        worst, count = max(worst, diff), count + 1
+    return f"conv {count} cases max diff {worst} quanta"
+
+
+def _child():
+    import torch
+
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    torch.set_num_threads(1)
+    version = qpack.backends()["onednn"]["version"]
+    isa = version.split("isa=")[1].split()[0].rstrip(";,")
+    print(f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA')}: oneDNN used isa={isa}")
+    assert isa in NON_VNNI, f"expected an ISA without VNNI, oneDNN reports {version}"
+    print(_linear_checks(torch))
+    print(_conv_checks(torch))
+
+
+if __name__ == "__main__":
+    _child()
