@@ -22,7 +22,12 @@ if(NOT EXISTS "${QPACK_QNNPACK_SOURCE_DIR}/include/qnnpack_func.h")
   message(FATAL_ERROR "qpack: ${QPACK_QNNPACK_SOURCE_DIR} is not a pytorch_qnnpack source tree "
     "(no include/qnnpack_func.h). Run third_party/fetch_qnnpack.sh or fix QPACK_QNNPACK_SOURCE_DIR.")
 endif()
-foreach(_dep cpuinfo pthreadpool)
+find_path(_qpack_pthreadpool_h pthreadpool.h)
+if(NOT _qpack_pthreadpool_h)
+  message(FATAL_ERROR "qpack: pthreadpool.h not found; install Debian's libpthreadpool-dev "
+    "(third_party/fetch_qnnpack.sh does).")
+endif()
+foreach(_dep cpuinfo)
   find_library(_qpack_${_dep}_lib ${_dep})
   if(NOT _qpack_${_dep}_lib)
     message(FATAL_ERROR "qpack: lib${_dep} not found; install Debian's lib${_dep}-dev "
@@ -38,6 +43,9 @@ set(USE_SYSTEM_PSIMD ON CACHE BOOL "" FORCE)
 set(PYTORCH_QNNPACK_BUILD_TESTS OFF CACHE BOOL "" FORCE)
 set(PYTORCH_QNNPACK_BUILD_BENCHMARKS OFF CACHE BOOL "" FORCE)
 set(PYTORCH_QNNPACK_LIBRARY_TYPE "static" CACHE STRING "" FORCE)
+# qpack runs QNNPACK's parallel loops on OpenMP (src/backends/qnnpack/threadpool_omp.cc),
+# the runtime oneDNN and PyTorch use, instead of a second thread pool.
+set(PYTORCH_QNNPACK_CUSTOM_THREADPOOL ON CACHE BOOL "" FORCE)
 # QNNPACK's bundled clog asks for CMake 3.1, which CMake 4 refuses.
 if(CMAKE_VERSION VERSION_GREATER_EQUAL 4.0 AND NOT DEFINED CMAKE_POLICY_VERSION_MINIMUM)
   set(CMAKE_POLICY_VERSION_MINIMUM 3.5)

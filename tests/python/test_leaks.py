@@ -13,6 +13,9 @@ def rss_bytes():
 
 
 def cycle(backend, w, b, x, xq):
+    if backend.startswith("conv-"):
+        conv_cycle(backend[5:], w, b, xq)
+        return
     if backend == "onednn-f32":
         lin = qpack.PackedLinear(w, b)
         lin(x)
@@ -26,8 +29,25 @@ def cycle(backend, w, b, x, xq):
     lin.close()
 
 
+def conv_cycle(backend, w, b, xq):
+    wc = w[:, :16].reshape(32, 4, 2, 2).astype(np.int8)
+    xc = xq[:, :16].reshape(1, 4, 4, 4)
+    if backend == "onednn-f32":
+        conv = qpack.PackedConv2d(wc.astype(np.float32), b, padding=1)
+        conv(xc.astype(np.float32))
+    else:
+        conv = qpack.PackedConv2d(wc, b, padding=1, backend=backend, weight_scale=0.01, output_scale=0.1,
+                                  output_zero_point=5)
+        conv(xc, scale=0.02, zero_point=3)
+        conv(xc, scale=0.03, zero_point=3)  # a second state
+    conv.release_original()
+    conv.unpack()
+    conv.close()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["onednn-f32", "onednn", "qnnpack"])
+@pytest.mark.parametrize("backend", ["onednn-f32", "onednn", "qnnpack",
+                                     "conv-onednn-f32", "conv-onednn", "conv-qnnpack"])
 def test_no_rss_growth_over_10000_cycles(backend):
     rng = np.random.default_rng(0)
     w = rng.integers(-50, 50, size=(32, 48)).astype(np.float32)
