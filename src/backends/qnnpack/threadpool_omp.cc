@@ -23,6 +23,17 @@ inline bool serial(pthreadpool_t pool, size_t work) {
   return pool == nullptr || pool->threads <= 1 || work <= 1;
 }
 inline size_t tiles(size_t range, size_t tile) { return (range + tile - 1) / tile; }
+
+// Runs body(t) for t in [0, n): on the caller, or in an OpenMP team.
+template <typename Body>
+void run_tiles(pthreadpool_t pool, size_t n, const Body& body) {
+  if (serial(pool, n)) {
+    for (size_t t = 0; t < n; ++t) body(t);
+    return;
+  }
+#pragma omp parallel for num_threads(pool->threads) schedule(dynamic)
+  for (size_t t = 0; t < n; ++t) body(t);
+}
 }  // namespace
 
 extern "C" {
@@ -55,12 +66,7 @@ void pthreadpool_compute_1d_tiled(pthreadpool_t pool, pthreadpool_function_1d_ti
     const size_t i = t * tile;
     function(argument, i, std::min(tile, range - i));
   };
-  if (serial(pool, n)) {
-    for (size_t t = 0; t < n; ++t) body(t);
-    return;
-  }
-#pragma omp parallel for num_threads(pool->threads) schedule(dynamic)
-  for (size_t t = 0; t < n; ++t) body(t);
+  run_tiles(pool, n, body);
 }
 
 void pthreadpool_compute_2d(pthreadpool_t pool, pthreadpool_function_2d_t function,
@@ -83,12 +89,7 @@ void pthreadpool_compute_2d_tiled(pthreadpool_t pool, pthreadpool_function_2d_ti
     const size_t i = (t / nj) * tile_i, j = (t % nj) * tile_j;
     function(argument, i, j, std::min(tile_i, range_i - i), std::min(tile_j, range_j - j));
   };
-  if (serial(pool, n)) {
-    for (size_t t = 0; t < n; ++t) body(t);
-    return;
-  }
-#pragma omp parallel for num_threads(pool->threads) schedule(dynamic)
-  for (size_t t = 0; t < n; ++t) body(t);
+  run_tiles(pool, n, body);
 }
 
 void pthreadpool_compute_3d_tiled(pthreadpool_t pool, pthreadpool_function_3d_tiled_t function,
@@ -102,12 +103,7 @@ void pthreadpool_compute_3d_tiled(pthreadpool_t pool, pthreadpool_function_3d_ti
     function(argument, i, j, k, std::min(tile_i, range_i - i), std::min(tile_j, range_j - j),
              std::min(tile_k, range_k - k));
   };
-  if (serial(pool, n)) {
-    for (size_t t = 0; t < n; ++t) body(t);
-    return;
-  }
-#pragma omp parallel for num_threads(pool->threads) schedule(dynamic)
-  for (size_t t = 0; t < n; ++t) body(t);
+  run_tiles(pool, n, body);
 }
 
 void pthreadpool_compute_4d_tiled(pthreadpool_t pool, pthreadpool_function_4d_tiled_t function,
@@ -122,12 +118,7 @@ void pthreadpool_compute_4d_tiled(pthreadpool_t pool, pthreadpool_function_4d_ti
     function(argument, i, j, k, l, std::min(tile_i, range_i - i), std::min(tile_j, range_j - j),
              std::min(tile_k, range_k - k), std::min(tile_l, range_l - l));
   };
-  if (serial(pool, n)) {
-    for (size_t t = 0; t < n; ++t) body(t);
-    return;
-  }
-#pragma omp parallel for num_threads(pool->threads) schedule(dynamic)
-  for (size_t t = 0; t < n; ++t) body(t);
+  run_tiles(pool, n, body);
 }
 
 }  // extern "C"
