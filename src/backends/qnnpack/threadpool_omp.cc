@@ -24,14 +24,15 @@ inline bool serial(pthreadpool_t pool, size_t work) {
 }
 inline size_t tiles(size_t range, size_t tile) { return (range + tile - 1) / tile; }
 
-// Runs body(t) for t in [0, n): on the caller, or in an OpenMP team.
+// Runs body(t) for t in [0, n): on the caller, or in an OpenMP team. Static
+// scheduling: QNNPACK tiles are uniform, and dynamic chunking cost 2x scaling.
 template <typename Body>
 void run_tiles(pthreadpool_t pool, size_t n, const Body& body) {
   if (serial(pool, n)) {
     for (size_t t = 0; t < n; ++t) body(t);
     return;
   }
-#pragma omp parallel for num_threads(pool->threads) schedule(dynamic)
+#pragma omp parallel for num_threads(pool->threads) schedule(static)
   for (size_t t = 0; t < n; ++t) body(t);
 }
 }  // namespace
