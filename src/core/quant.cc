@@ -85,7 +85,9 @@ constexpr int64_t kParallelGrain = int64_t(1) << 16;
 
 // Round-half-to-even by the float magic-number trick (input is finite: min_max
 // checked it); plain loops the compiler vectorises.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under sanitizers: an ifunc resolver runs before their runtime is up.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
 #define QPACK_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define QPACK_CLONES
