@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/layer.h"
 #include "core/quant.h"
 
 namespace qpack {
@@ -95,52 +96,14 @@ ConvSpec make_conv_spec(const qpack_conv2d_params& p) {
           "use backend='onednn'");
   }
 
-  check(!std::isnan(p.clamp_min) && !std::isnan(p.clamp_max), QPACK_STATUS_INVALID_ARGUMENT,
-        "activation bounds must not be NaN");
-  check(p.clamp_min < p.clamp_max, QPACK_STATUS_INVALID_ARGUMENT, "activation min (",
-        p.clamp_min, ") must be below max (", p.clamp_max, ")");
-  s.clamp_min = p.clamp_min;
-  s.clamp_max = p.clamp_max;
-
-  if (p.bias != nullptr) {
-    s.bias.assign(p.bias, p.bias + s.OC);
-    for (int64_t n = 0; n < s.OC; ++n) {
-      check(std::isfinite(s.bias[n]), QPACK_STATUS_INVALID_ARGUMENT, "bias[", n,
-            "] is not finite (", s.bias[n], ")");
-    }
-  }
+  parse_clamp(p.clamp_min, p.clamp_max, &s.clamp_min, &s.clamp_max);
+  s.bias = parse_bias(p.bias, s.OC);
 
   if (s.mode == QPACK_MODE_INT8_STATIC) {
-    check(p.weight_scales != nullptr, QPACK_STATUS_INVALID_ARGUMENT,
-          "an int8 weight needs weight_scale (one float, or one per output channel)");
-    check(p.num_weight_scales == 1 || p.num_weight_scales == s.OC,
-          QPACK_STATUS_INVALID_ARGUMENT, "weight_scale has ", p.num_weight_scales,
-          " values; expected 1 (per-tensor) or ", s.OC, " (per-channel, one per output channel)");
-    s.weight_scales.assign(p.weight_scales, p.weight_scales + p.num_weight_scales);
-    for (size_t i = 0; i < s.weight_scales.size(); ++i) {
-      check_scale(s.weight_scales[i], "weight_scale", static_cast<int64_t>(i));
-    }
-    if (p.weight_zero_points != nullptr) {
-      s.weight_zero_points.assign(p.weight_zero_points,
-                                  p.weight_zero_points + p.num_weight_scales);
-      for (size_t i = 0; i < s.weight_zero_points.size(); ++i) {
-        int32_t zp = s.weight_zero_points[i];
-        check(zp >= -128 && zp <= 127, QPACK_STATUS_INVALID_ARGUMENT, "weight zero point[", i,
-              "] = ", zp, " is outside the int8 range [-128, 127]");
-      }
-    } else {
-      s.weight_zero_points.assign(s.weight_scales.size(), 0);
-    }
-    check_scale(p.output_scale, "output_scale", -1);
-    check_u8_zero_point(p.output_zero_point, "output_zero_point");
-    s.output_scale = p.output_scale;
-    s.output_zero_point = p.output_zero_point;
-    if (p.input_scale != 0.0f) {
-      check_scale(p.input_scale, "input_scale", -1);
-      check_u8_zero_point(p.input_zero_point, "input_zero_point");
-    }
-    s.input_scale = p.input_scale;
-    s.input_zero_point = p.input_zero_point;
+    parse_weight_quant(p.weight_scales, p.weight_zero_points, p.num_weight_scales, s.OC,
+                       "channel", &s.weight_scales, &s.weight_zero_points);
+    parse_static_io(p.input_scale, p.input_zero_point, p.output_scale, p.output_zero_point,
+                    &s.input_scale, &s.input_zero_point, &s.output_scale, &s.output_zero_point);
   }
   return s;
 }
@@ -151,49 +114,16 @@ Conv::Conv(ConvSpec spec, const void* weight, bool retain) : spec_(std::move(spe
   } else {
     kernel_ = make_qnnpack_conv(spec_, weight);
   }
-  if (retain) {
-    const auto* bytes = static_cast<const uint8_t*>(weight);
-    original_.assign(bytes, bytes + spec_.weight_nbytes());
-    has_original_ = true;
-  }
+  if (retain) original_.keep(weight, spec_.weight_nbytes());
 }
 
-void Conv::release_original() {
-  std::vector<uint8_t> dropped;
-  std::lock_guard<std::mutex> lock(original_mutex_);
-  dropped.swap(original_);
-  has_original_ = false;
-}
-
-bool Conv::has_original() const {
-  std::lock_guard<std::mutex> lock(original_mutex_);
-  return has_original_;
-}
-
-size_t Conv::nbytes_original() const {
-  std::lock_guard<std::mutex> lock(original_mutex_);
-  return original_.size();
-}
+void Conv::release_original() { original_.release(); }
+bool Conv::has_original() const { return original_.held(); }
+size_t Conv::nbytes_original() const { return original_.nbytes(); }
 
 void Conv::unpack(void* weight_out, float* bias_out) const {
-  if (weight_out != nullptr) {
-    bool copied = false;
-    {
-      std::lock_guard<std::mutex> lock(original_mutex_);
-      if (has_original_) {
-        std::memcpy(weight_out, original_.data(), original_.size());
-        copied = true;
-      }
-    }
-    if (!copied) kernel_->unpack_weight(weight_out);
-  }
-  if (bias_out != nullptr) {
-    if (spec_.bias.empty()) {
-      std::memset(bias_out, 0, sizeof(float) * spec_.OC);
-    } else {
-      std::memcpy(bias_out, spec_.bias.data(), sizeof(float) * spec_.OC);
-    }
-  }
+  if (weight_out != nullptr && !original_.copy_to(weight_out)) kernel_->unpack_weight(weight_out);
+  if (bias_out != nullptr) copy_bias(spec_.bias, spec_.OC, bias_out);
 }
 
 void copy_nhwc_u8(const uint8_t* src, int64_t N, int64_t SH, int64_t SW, int64_t C, int64_t dy,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/linear.h"  // LinearCounters
+#include "core/layer.h"
 #include "qpack/qpack.h"
 
 namespace qpack {
@@ -91,9 +92,7 @@ class Conv {
  private:
   ConvSpec spec_;
   std::unique_ptr<ConvKernel> kernel_;
-  mutable std::mutex original_mutex_;  // guards original_ (never taken by runs)
-  std::vector<uint8_t> original_;
-  bool has_original_ = false;
+  OriginalWeights original_;
 };
 
 // Validates and normalises a public params struct into a spec (throws qpack::Error).

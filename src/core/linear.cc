@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/layer.h"
 #include "core/quant.h"
 
 namespace qpack {
@@ -45,55 +46,16 @@ LinearSpec make_linear_spec(const qpack_linear_params& p) {
         QPACK_STATUS_UNSUPPORTED,
         "QNNPACK has no float32 linear; use backend='onednn' or quantize the weight to int8");
 
-  // Fused activation bounds.
-  check(!std::isnan(p.clamp_min) && !std::isnan(p.clamp_max), QPACK_STATUS_INVALID_ARGUMENT,
-        "activation bounds must not be NaN");
-  check(p.clamp_min < p.clamp_max, QPACK_STATUS_INVALID_ARGUMENT,
-        "activation min (", p.clamp_min, ") must be below max (", p.clamp_max, ")");
-  s.clamp_min = p.clamp_min;
-  s.clamp_max = p.clamp_max;
-
-  if (p.bias != nullptr) {
-    s.bias.assign(p.bias, p.bias + s.N);
-    for (int64_t n = 0; n < s.N; ++n) {
-      check(std::isfinite(s.bias[n]), QPACK_STATUS_INVALID_ARGUMENT, "bias[", n,
-            "] is not finite (", s.bias[n], ")");
-    }
-  }
+  parse_clamp(p.clamp_min, p.clamp_max, &s.clamp_min, &s.clamp_max);
+  s.bias = parse_bias(p.bias, s.N);
 
   if (s.mode != QPACK_MODE_F32) {
-    check(p.weight_scales != nullptr, QPACK_STATUS_INVALID_ARGUMENT,
-          "an int8 weight needs weight_scale (one float, or one per output channel)");
-    check(p.num_weight_scales == 1 || p.num_weight_scales == s.N, QPACK_STATUS_INVALID_ARGUMENT,
-          "weight_scale has ", p.num_weight_scales, " values; expected 1 (per-tensor) or ", s.N,
-          " (per-channel, one per output feature)");
-    s.weight_scales.assign(p.weight_scales, p.weight_scales + p.num_weight_scales);
-    for (size_t i = 0; i < s.weight_scales.size(); ++i) {
-      check_scale(s.weight_scales[i], "weight_scale", static_cast<int64_t>(i));
-    }
-    if (p.weight_zero_points != nullptr) {
-      s.weight_zero_points.assign(p.weight_zero_points,
-                                  p.weight_zero_points + p.num_weight_scales);
-      for (size_t i = 0; i < s.weight_zero_points.size(); ++i) {
-        int32_t zp = s.weight_zero_points[i];
-        check(zp >= -128 && zp <= 127, QPACK_STATUS_INVALID_ARGUMENT, "weight zero point[", i,
-              "] = ", zp, " is outside the int8 range [-128, 127]");
-      }
-    } else {
-      s.weight_zero_points.assign(s.weight_scales.size(), 0);
-    }
+    parse_weight_quant(p.weight_scales, p.weight_zero_points, p.num_weight_scales, s.N, "feature",
+                       &s.weight_scales, &s.weight_zero_points);
   }
   if (s.mode == QPACK_MODE_INT8_STATIC) {
-    check_scale(p.output_scale, "output_scale", -1);
-    check_u8_zero_point(p.output_zero_point, "output_zero_point");
-    s.output_scale = p.output_scale;
-    s.output_zero_point = p.output_zero_point;
-    if (p.input_scale != 0.0f) {
-      check_scale(p.input_scale, "input_scale", -1);
-      check_u8_zero_point(p.input_zero_point, "input_zero_point");
-    }
-    s.input_scale = p.input_scale;
-    s.input_zero_point = p.input_zero_point;
+    parse_static_io(p.input_scale, p.input_zero_point, p.output_scale, p.output_zero_point,
+                    &s.input_scale, &s.input_zero_point, &s.output_scale, &s.output_zero_point);
   }
   return s;
 }
@@ -104,51 +66,16 @@ Linear::Linear(LinearSpec spec, const void* weight, bool retain) : spec_(std::mo
   } else {
     kernel_ = make_qnnpack_linear(spec_, weight);
   }
-  if (retain) {
-    const auto* bytes = static_cast<const uint8_t*>(weight);
-    original_.assign(bytes, bytes + spec_.weight_nbytes());
-    has_original_ = true;
-  }
+  if (retain) original_.keep(weight, spec_.weight_nbytes());
 }
 
-void Linear::release_original() {
-  std::vector<uint8_t> dropped;
-  {
-    std::lock_guard<std::mutex> lock(original_mutex_);
-    dropped.swap(original_);
-    has_original_ = false;
-  }
-}
-
-bool Linear::has_original() const {
-  std::lock_guard<std::mutex> lock(original_mutex_);
-  return has_original_;
-}
-
-size_t Linear::nbytes_original() const {
-  std::lock_guard<std::mutex> lock(original_mutex_);
-  return original_.size();
-}
+void Linear::release_original() { original_.release(); }
+bool Linear::has_original() const { return original_.held(); }
+size_t Linear::nbytes_original() const { return original_.nbytes(); }
 
 void Linear::unpack(void* weight_out, float* bias_out) const {
-  if (weight_out != nullptr) {
-    bool copied = false;
-    {
-      std::lock_guard<std::mutex> lock(original_mutex_);
-      if (has_original_) {
-        std::memcpy(weight_out, original_.data(), original_.size());
-        copied = true;
-      }
-    }
-    if (!copied) kernel_->unpack_weight(weight_out);
-  }
-  if (bias_out != nullptr) {
-    if (spec_.bias.empty()) {
-      std::memset(bias_out, 0, sizeof(float) * spec_.N);
-    } else {
-      std::memcpy(bias_out, spec_.bias.data(), sizeof(float) * spec_.N);
-    }
-  }
+  if (weight_out != nullptr && !original_.copy_to(weight_out)) kernel_->unpack_weight(weight_out);
+  if (bias_out != nullptr) copy_bias(spec_.bias, spec_.N, bias_out);
 }
 
 }  // namespace qpack

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/layer.h"
 #include "qpack/qpack.h"
 
 namespace qpack {
@@ -83,9 +84,7 @@ class Linear {
  private:
   LinearSpec spec_;
   std::unique_ptr<LinearKernel> kernel_;
-  mutable std::mutex original_mutex_;  // guards original_ (never taken by runs)
-  std::vector<uint8_t> original_;
-  bool has_original_ = false;
+  OriginalWeights original_;
 };
 
 // Validates and normalises a public params struct into a spec (throws qpack::Error).
