@@ -218,29 +218,9 @@ class OnednnConv final : public ConvKernel {
                                                     const memory::desc& wei_md) const {
     int64_t OH, OW;
     spec_.output_size(H, W, &OH, &OW);
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (split_) {
-      // Only the source zero point: scales, bias and clamp are the epilogue's.
-      attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
-    } else if (spec_.mode != QPACK_MODE_F32) {
-      attr.set_scales_mask(DNNL_ARG_SRC, 0);
-      attr.set_scales_mask(DNNL_ARG_WEIGHTS, spec_.per_channel() ? (grouped() ? 3 : 1) : 0);
-      attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
-      attr.set_scales_mask(DNNL_ARG_DST, 0);
-      attr.set_zero_points_mask(DNNL_ARG_DST, 0);
-    }
-    const bool lo = !std::isinf(spec_.clamp_min), hi = !std::isinf(spec_.clamp_max);
-    if ((lo || hi) && !split_) {
-      dnnl::post_ops po;
-      if (lo && spec_.clamp_min == 0.0f && !hi) {
-        po.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-      } else {
-        po.append_eltwise(dnnl::algorithm::eltwise_clip, lo ? spec_.clamp_min : -3.0e38f,
-                          hi ? spec_.clamp_max : 3.0e38f);
-      }
-      attr.set_post_ops(po);
-    }
+    const auto attr = onednn_rt::make_attr(spec_.mode != QPACK_MODE_F32, split_, true,
+                                           spec_.per_channel() ? (grouped() ? 3 : 1) : 0,
+                                           spec_.clamp_min, spec_.clamp_max);
     memory::desc src_md({N, spec_.IC, H, W}, act_dt(), x_tag);
     memory::desc dst_md({N, spec_.OC, OH, OW}, dst_dt(), y_tag);
     const memory::dims strides{spec_.stride_h, spec_.stride_w};

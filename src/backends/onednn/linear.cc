@@ -178,31 +178,9 @@ class OnednnLinear final : public LinearKernel {
   bool with_bias() const { return !spec_.bias.empty() && !split_; }
 
   dnnl::matmul::primitive_desc make_pd(int64_t M, const memory::desc& wei_md) const {
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (split_) {
-      // Only the source zero point: scales, bias and clamp are the epilogue's.
-      attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
-    } else if (spec_.mode != QPACK_MODE_F32) {
-      attr.set_scales_mask(DNNL_ARG_SRC, 0);
-      attr.set_scales_mask(DNNL_ARG_WEIGHTS, spec_.per_channel() ? (1 << 1) : 0);
-      attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
-      if (spec_.mode == QPACK_MODE_INT8_STATIC) {
-        attr.set_scales_mask(DNNL_ARG_DST, 0);
-        attr.set_zero_points_mask(DNNL_ARG_DST, 0);
-      }
-    }
-    const bool lo = !std::isinf(spec_.clamp_min), hi = !std::isinf(spec_.clamp_max);
-    if ((lo || hi) && !split_) {
-      dnnl::post_ops po;
-      if (lo && spec_.clamp_min == 0.0f && !hi) {
-        po.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-      } else {
-        po.append_eltwise(dnnl::algorithm::eltwise_clip, lo ? spec_.clamp_min : -3.0e38f,
-                          hi ? spec_.clamp_max : 3.0e38f);
-      }
-      attr.set_post_ops(po);
-    }
+    const auto attr = onednn_rt::make_attr(
+        spec_.mode != QPACK_MODE_F32, split_, spec_.mode == QPACK_MODE_INT8_STATIC,
+        spec_.per_channel() ? (1 << 1) : 0, spec_.clamp_min, spec_.clamp_max);
     memory::desc src_md({M, spec_.K}, src_dt(), tag::ab);
     memory::desc dst_md({M, spec_.N}, dst_dt(), tag::ab);
     if (!with_bias()) {

@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -147,6 +148,37 @@ void decode_blocked(const dnnl::memory::desc& md, const void* data, size_t elem_
       idx[d] = 0;
     }
   }
+}
+
+dnnl::primitive_attr make_attr(bool int8, bool split, bool static_out, int wei_scale_mask,
+                               float clamp_min, float clamp_max) {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (split) {
+    attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
+    return attr;
+  }
+  if (int8) {
+    attr.set_scales_mask(DNNL_ARG_SRC, 0);
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, wei_scale_mask);
+    attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
+    if (static_out) {
+      attr.set_scales_mask(DNNL_ARG_DST, 0);
+      attr.set_zero_points_mask(DNNL_ARG_DST, 0);
+    }
+  }
+  const bool lo = !std::isinf(clamp_min), hi = !std::isinf(clamp_max);
+  if (lo || hi) {
+    dnnl::post_ops po;
+    if (lo && clamp_min == 0.0f && !hi) {
+      po.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    } else {
+      po.append_eltwise(dnnl::algorithm::eltwise_clip, lo ? clamp_min : -3.0e38f,
+                        hi ? clamp_max : 3.0e38f);
+    }
+    attr.set_post_ops(po);
+  }
+  return attr;
 }
 
 }  // namespace onednn_rt

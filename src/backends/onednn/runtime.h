@@ -29,6 +29,13 @@ void apply_num_threads();
 std::string describe();
 
 // Quantization parameters of one int8 run.
+// Attributes of a qpack primitive: user scratchpad; for int8, runtime scales
+// and zero points (weight scales with `wei_scale_mask`; destination ones only
+// when `static_out`); the fused clamp as a post-op. In split mode (int8
+// without VNNI) only the source zero point: the epilogue does the rest.
+dnnl::primitive_attr make_attr(bool int8, bool split, bool static_out, int wei_scale_mask,
+                               float clamp_min, float clamp_max);
+
 struct RunQuant {
   float src_scale;
   int32_t src_zp;
