@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "backends/qnnpack/runtime.h"
+#include "backends/qnnpack/states.h"
 #include "core/conv.h"
 #include "core/error.h"
 #include "core/quant.h"
@@ -35,21 +36,12 @@
 namespace qpack {
 namespace {
 
-struct FreeDeleter {
-  void operator()(uint8_t* p) const { std::free(p); }
-};
-using Buffer = std::unique_ptr<uint8_t, FreeDeleter>;
-
 struct OpDeleter {
   void operator()(pytorch_qnnp_operator_t op) const { pytorch_qnnp_delete_operator(op); }
 };
 using Op = std::unique_ptr<pytorch_qnnp_operator, OpDeleter>;
 
-struct State {
-  float input_scale = 0;  // 0: bias slots not filled yet
-  Buffer packed;
-  std::vector<float> requant_scales;  // padded like the zero points
-};
+using qnnpack_rt::BiasState;
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
@@ -106,15 +98,12 @@ class QnnpackConv final : public ConvKernel {
                                        qbias.data());
     check(packer.getPackedWeights() != nullptr, QPACK_STATUS_OUT_OF_MEMORY,
           "QNNPACK could not allocate ", packed_size_, " bytes for packed weights");
-    auto state = std::make_shared<State>();
+    auto state = std::make_shared<BiasState>();
     state->input_scale = input_scale;
-    state->packed = allocate();
+    state->packed = qnnpack_rt::allocate_packed(packed_size_);
     std::memcpy(state->packed.get(), packer.getPackedWeights(), packed_size_);
     if (input_scale > 0.0f) state->requant_scales = requant_scales(input_scale);
-    std::lock_guard<std::mutex> lock(build_mutex_);
-    cache_.push_back(state);
-    std::atomic_store(&latest_, std::shared_ptr<const State>(state));
-    counters_.states_built.fetch_add(1, std::memory_order_relaxed);
+    states_.publish_first(std::move(state), packed_size_);
   }
 
   void run_u8(const ConvShape& s, const uint8_t* x, float input_scale, int32_t input_zero_point,
@@ -162,7 +151,7 @@ class QnnpackConv final : public ConvKernel {
   }
 
   void unpack_weight(void* out) const override {
-    auto state = std::atomic_load(&latest_);
+    auto state = states_.latest();
     const uint8_t* base = state->packed.get();
     int8_t* w = static_cast<int8_t*>(out);
     const int64_t ks = spec_.KH * spec_.KW, icg = spec_.icg();
@@ -177,15 +166,11 @@ class QnnpackConv final : public ConvKernel {
   }
 
   size_t nbytes_packed() const override {
-    std::lock_guard<std::mutex> lock(build_mutex_);
-    size_t total = 0;
-    for (const auto& s : cache_) total += packed_size_ + s->requant_scales.size() * 4;
-    return total + kernel_zero_points_.size() + weight_scales_.size() * 4 + spec_.bias.size() * 4;
+    return states_.nbytes() + kernel_zero_points_.size() + weight_scales_.size() * 4 +
+           spec_.bias.size() * 4;
   }
 
  private:
-  static constexpr size_t kCacheCapacity = 2;
-
   // ---- the packed layouts ---------------------------------------------------
 
   // dwconv column passes: [x_begin, x_end) per pass (5x5 is packed in three).
@@ -281,28 +266,13 @@ class QnnpackConv final : public ConvKernel {
     return op;
   }
 
-  Buffer allocate() const {
-    void* p = nullptr;
-    check(posix_memalign(&p, 64, packed_size_) == 0 && p != nullptr, QPACK_STATUS_OUT_OF_MEMORY,
-          "could not allocate ", packed_size_, " bytes for QNNPACK packed weights");
-    return Buffer(static_cast<uint8_t*>(p));
-  }
-
   std::vector<int32_t> quantize_bias(float input_scale) const {
     if (input_scale <= 0.0f) return std::vector<int32_t>(static_cast<size_t>(spec_.OC), 0);
     return quantize_bias_i32(spec_.bias, spec_.weight_scales, input_scale, spec_.OC);
   }
 
   std::vector<float> requant_scales(float input_scale) const {
-    std::vector<float> r(weight_scales_.size(), 1.0f);
-    const float inverse_output_scale = 1.0f / spec_.output_scale;
-    for (int64_t n = 0; n < spec_.OC; ++n) {
-      r[n] = (weight_scales_[n] * input_scale) * inverse_output_scale;
-      check(r[n] > 0.0f && std::isnormal(r[n]), QPACK_STATUS_INVALID_ARGUMENT,
-            "requantization scale weight_scale * input_scale / output_scale = ", r[n],
-            " for output channel ", n, " is not a positive normal float; check the scales");
-    }
-    return r;
+    return qnnpack_rt::requant_scales(weight_scales_, spec_.OC, input_scale, spec_.output_scale);
   }
 
   static void nchw_to_nhwc(const uint8_t* x, int64_t N, int64_t C, int64_t HW, uint8_t* out) {
@@ -315,48 +285,10 @@ class QnnpackConv final : public ConvKernel {
     }
   }
 
-  // Lock-free when the latest state matches; otherwise build (copy-on-write
-  // from the packed form) under the builders' lock and publish.
-  std::shared_ptr<const State> state_for(float input_scale) const {
-    auto latest = std::atomic_load(&latest_);
-    if (latest->input_scale == input_scale) {
-      counters_.cache_hits.fetch_add(1, std::memory_order_relaxed);
-      return latest;
-    }
-    std::lock_guard<std::mutex> lock(build_mutex_);
-    for (const auto& s : cache_) {
-      if (s->input_scale == input_scale) {
-        counters_.cache_hits.fetch_add(1, std::memory_order_relaxed);
-        std::atomic_store(&latest_, s);
-        return s;
-      }
-    }
-    auto requant = requant_scales(input_scale);  // validates before any allocation
-    auto source = cache_.front();
-    auto state = std::make_shared<State>();
-    state->input_scale = input_scale;
-    state->packed = allocate();
-    std::memcpy(state->packed.get(), source->packed.get(), packed_size_);
-    auto qbias = quantize_bias(input_scale);
-    for (int64_t n = 0; n < spec_.OC; ++n) {
-      std::memcpy(state->packed.get() + bias_offset(n), &qbias[n], sizeof(int32_t));
-    }
-    state->requant_scales = std::move(requant);
-    std::shared_ptr<const State> published = std::move(state);
-    cache_.insert(cache_.begin(), published);
-    // A placeholder packed before the input scale was known is never needed again.
-    cache_.erase(std::remove_if(cache_.begin() + 1, cache_.end(),
-                                [](const std::shared_ptr<const State>& s) {
-                                  return s->input_scale == 0.0f;
-                                }),
-                 cache_.end());
-    while (cache_.size() > kCacheCapacity) {
-      cache_.pop_back();
-      counters_.evictions.fetch_add(1, std::memory_order_relaxed);
-    }
-    counters_.states_built.fetch_add(1, std::memory_order_relaxed);
-    std::atomic_store(&latest_, published);
-    return published;
+  std::shared_ptr<const BiasState> state_for(float input_scale) const {
+    return states_.get(
+        input_scale, spec_.OC, [this](float s) { return requant_scales(s); },
+        [this](float s) { return quantize_bias(s); }, [this](int64_t n) { return bias_offset(n); });
   }
 
   ConvSpec spec_;
@@ -366,9 +298,7 @@ class QnnpackConv final : public ConvKernel {
   size_t group_bytes_ = 0, packed_size_ = 0;
   std::vector<uint8_t> kernel_zero_points_;  // padded
   std::vector<float> weight_scales_;         // padded
-  mutable std::shared_ptr<const State> latest_;  // accessed with atomic_load/store only
-  mutable std::mutex build_mutex_;               // builders only; guards cache_
-  mutable std::vector<std::shared_ptr<const State>> cache_;
+  qnnpack_rt::BiasStates states_{counters_};
 };
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backends/qnnpack/runtime.h"
+#include "backends/qnnpack/states.h"
 #include "core/error.h"
 #include "core/linear.h"
 #include "core/quant.h"
@@ -29,18 +30,7 @@
 namespace qpack {
 namespace {
 
-struct FreeDeleter {
-  void operator()(uint8_t* p) const { std::free(p); }
-};
-using Buffer = std::unique_ptr<uint8_t, FreeDeleter>;
-
-// One immutable packed state: weights plus the int32 bias for one input scale.
-struct State {
-  float input_scale = 0;  // 0: bias slots not filled yet (static) / unused (dynamic)
-  Buffer packed;
-  size_t packed_size = 0;
-  std::vector<float> requant_scales;  // static, padded to n_stride + 8
-};
+using qnnpack_rt::BiasState;
 
 class QnnpackLinear final : public LinearKernel {
  public:
@@ -79,13 +69,12 @@ class QnnpackLinear final : public LinearKernel {
                                 shifted.data(), qbias.empty() ? nullptr : qbias.data());
     check(packer.getPackedWeights() != nullptr, QPACK_STATUS_OUT_OF_MEMORY,
           "QNNPACK could not allocate ", packed_size_, " bytes for packed weights");
-    auto state = std::make_shared<State>();
+    auto state = std::make_shared<BiasState>();
     state->input_scale = input_scale;
-    state->packed = allocate();
-    state->packed_size = packed_size_;
+    state->packed = qnnpack_rt::allocate_packed(packed_size_);
     std::memcpy(state->packed.get(), packer.getPackedWeights(), packed_size_);
     if (input_scale > 0.0f) state->requant_scales = requant_scales(input_scale);
-    publish(std::move(state));
+    states_.publish_first(std::move(state), packed_size_);
   }
 
   void run_u8(int64_t M, const uint8_t* x, float input_scale, int32_t input_zero_point,
@@ -127,7 +116,7 @@ class QnnpackLinear final : public LinearKernel {
       zero_bias.assign(static_cast<size_t>(n_stride_), 0.0f);
       bias = zero_bias.data();
     }
-    auto state = std::atomic_load(&latest_);
+    auto state = states_.latest();
     auto status = qnnpack::qnnpackLinearDynamic(
         static_cast<size_t>(M), static_cast<size_t>(spec_.K), static_cast<size_t>(spec_.N),
         static_cast<uint8_t>(q.zero_point), kernel_zero_points_.data(), dequant.data(),
@@ -139,7 +128,7 @@ class QnnpackLinear final : public LinearKernel {
   }
 
   void unpack_weight(void* out) const override {
-    auto state = std::atomic_load(&latest_);
+    auto state = states_.latest();
     const uint8_t* base = state->packed.get();
     int8_t* w = static_cast<int8_t*>(out);
     const size_t block_bytes = static_cast<size_t>(nr_) * (sizeof(int32_t) + k_stride_);
@@ -154,37 +143,17 @@ class QnnpackLinear final : public LinearKernel {
   }
 
   size_t nbytes_packed() const override {
-    std::lock_guard<std::mutex> lock(build_mutex_);
-    size_t total = 0;
-    for (const auto& s : cache_) total += s->packed_size + s->requant_scales.size() * 4;
-    total += (kernel_zero_points_.size() + weight_scales_.size() * 4 + spec_.bias.size() * 4);
-    return total;
+    return states_.nbytes() + kernel_zero_points_.size() + weight_scales_.size() * 4 +
+           spec_.bias.size() * 4;
   }
 
  private:
-  static constexpr size_t kCacheCapacity = 2;
-
-  Buffer allocate() const {
-    void* p = nullptr;
-    check(posix_memalign(&p, 64, packed_size_) == 0 && p != nullptr, QPACK_STATUS_OUT_OF_MEMORY,
-          "could not allocate ", packed_size_, " bytes for QNNPACK packed weights");
-    return Buffer(static_cast<uint8_t*>(p));
-  }
-
   std::vector<int32_t> quantize_bias(float input_scale) const {
     return quantize_bias_i32(spec_.bias, spec_.weight_scales, input_scale, spec_.N);
   }
 
   std::vector<float> requant_scales(float input_scale) const {
-    std::vector<float> r(weight_scales_.size(), 1.0f);
-    const float inverse_output_scale = 1.0f / spec_.output_scale;
-    for (int64_t n = 0; n < spec_.N; ++n) {
-      r[n] = (weight_scales_[n] * input_scale) * inverse_output_scale;
-      check(r[n] > 0.0f && std::isnormal(r[n]), QPACK_STATUS_INVALID_ARGUMENT,
-            "requantization scale weight_scale * input_scale / output_scale = ", r[n],
-            " for output channel ", n, " is not a positive normal float; check the scales");
-    }
-    return r;
+    return qnnpack_rt::requant_scales(weight_scales_, spec_.N, input_scale, spec_.output_scale);
   }
 
   void clamp_f32(float* y, int64_t count) const {
@@ -192,59 +161,16 @@ class QnnpackLinear final : public LinearKernel {
     for (int64_t i = 0; i < count; ++i) y[i] = std::min(std::max(y[i], spec_.clamp_min), spec_.clamp_max);
   }
 
-  void publish(std::shared_ptr<const State> state) {
-    std::lock_guard<std::mutex> lock(build_mutex_);
-    cache_.insert(cache_.begin(), state);
-    std::atomic_store(&latest_, std::move(state));
-    counters_.states_built.fetch_add(1, std::memory_order_relaxed);
+  // Byte offset of output channel n's int32 bias: nr of them head each block.
+  size_t bias_offset(int64_t n) const {
+    const size_t block_bytes = static_cast<size_t>(nr_) * (sizeof(int32_t) + k_stride_);
+    return static_cast<size_t>(n / nr_) * block_bytes + static_cast<size_t>(n % nr_) * sizeof(int32_t);
   }
 
-  // Lock-free when the latest state matches; otherwise build (copy-on-write
-  // from the packed form) under the builders' lock and publish.
-  std::shared_ptr<const State> state_for(float input_scale) const {
-    auto latest = std::atomic_load(&latest_);
-    if (latest->input_scale == input_scale) {
-      counters_.cache_hits.fetch_add(1, std::memory_order_relaxed);
-      return latest;
-    }
-    std::lock_guard<std::mutex> lock(build_mutex_);
-    for (const auto& s : cache_) {
-      if (s->input_scale == input_scale) {
-        counters_.cache_hits.fetch_add(1, std::memory_order_relaxed);
-        std::atomic_store(&latest_, s);
-        return s;
-      }
-    }
-    auto requant = requant_scales(input_scale);  // validates before any allocation
-    auto source = cache_.front();
-    auto state = std::make_shared<State>();
-    state->input_scale = input_scale;
-    state->packed = allocate();
-    state->packed_size = packed_size_;
-    std::memcpy(state->packed.get(), source->packed.get(), packed_size_);
-    auto qbias = quantize_bias(input_scale);
-    const size_t block_bytes = static_cast<size_t>(nr_) * (sizeof(int32_t) + k_stride_);
-    for (int64_t n = 0; n < spec_.N; ++n) {
-      uint8_t* slot = state->packed.get() + static_cast<size_t>(n / nr_) * block_bytes +
-                      static_cast<size_t>(n % nr_) * sizeof(int32_t);
-      std::memcpy(slot, &qbias[n], sizeof(int32_t));
-    }
-    state->requant_scales = std::move(requant);
-    std::shared_ptr<const State> published = std::move(state);
-    cache_.insert(cache_.begin(), published);
-    // A placeholder packed before the input scale was known is never needed again.
-    cache_.erase(std::remove_if(cache_.begin() + 1, cache_.end(),
-                                [](const std::shared_ptr<const State>& s) {
-                                  return s->input_scale == 0.0f;
-                                }),
-                 cache_.end());
-    while (cache_.size() > kCacheCapacity) {
-      cache_.pop_back();
-      counters_.evictions.fetch_add(1, std::memory_order_relaxed);
-    }
-    counters_.states_built.fetch_add(1, std::memory_order_relaxed);
-    std::atomic_store(&latest_, published);
-    return published;
+  std::shared_ptr<const BiasState> state_for(float input_scale) const {
+    return states_.get(
+        input_scale, spec_.N, [this](float s) { return requant_scales(s); },
+        [this](float s) { return quantize_bias(s); }, [this](int64_t n) { return bias_offset(n); });
   }
 
   LinearSpec spec_;
@@ -253,9 +179,7 @@ class QnnpackLinear final : public LinearKernel {
   size_t packed_size_ = 0;
   std::vector<uint8_t> kernel_zero_points_;  // padded to n_stride + 8
   std::vector<float> weight_scales_;         // padded to n_stride + 8
-  mutable std::shared_ptr<const State> latest_;  // accessed with atomic_load/store only
-  mutable std::mutex build_mutex_;               // builders only; guards cache_
-  mutable std::vector<std::shared_ptr<const State>> cache_;
+  qnnpack_rt::BiasStates states_{counters_};
 };
 
 }  // namespace
