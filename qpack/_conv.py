@@ -6,13 +6,13 @@ from qpack._core import InvalidArgumentError, InvalidTypeError
 from qpack._linear import (
     _PackedLifetime,
     _activation_bounds,
+    _bias_array,
     _as_given,
     _check_scale,
     _check_zero_point,
     _input_array,
     _is_torch,
     _legacy_weight,
-    _to_numpy,
     _torch,
     _weight_scales,
 )
@@ -120,30 +120,11 @@ class PackedConv2d(_PackedLifetime):
         self._weight_scale = scales
         self._weight_zero_points = weight_zero_points
 
-        b = None
-        if bias is not None:
-            b = _to_numpy(bias, "bias")
-            if b.ndim != 1 or b.shape[0] != w4.shape[0]:
-                raise InvalidArgumentError(f"bias must have shape [{w4.shape[0]}], got {tuple(b.shape)}")
-            if b.dtype != np.float32:
-                raise InvalidTypeError(f"bias must be float32, got {b.dtype}")
-            if not np.isfinite(b).all():
-                raise InvalidArgumentError("bias holds NaN or infinity")
-            b = np.ascontiguousarray(b)
+        b = _bias_array(bias, w4.shape[0])
 
         stride2, dilation2, padding4 = self._geometry(stride, padding, dilation, w4.shape[2:])
-        self.input_scale = self.input_zero_point = None
-        self.output_scale = self.output_zero_point = None
-        in_s, in_zp, out_s, out_zp = 0.0, 0, 0.0, 0
-        if mode == "int8_static":
-            out_s = _check_scale(output_scale, "output_scale")
-            out_zp = _check_zero_point(output_zero_point, "output_zero_point")
-            self.output_scale, self.output_zero_point = out_s, out_zp
-            if input_scale is not None:
-                in_s = _check_scale(input_scale, "input_scale")
-                in_zp = _check_zero_point(0 if input_zero_point is None else input_zero_point,
-                                          "input_zero_point")
-                self.input_scale, self.input_zero_point = in_s, in_zp
+        in_s, in_zp, out_s, out_zp = self._static_io(mode, input_scale, input_zero_point, output_scale,
+                                                     output_zero_point)
 
         self._h = _core.Conv2dHandle(w4, b, mode, backend, retain, scales, weight_zero_points,
                                      stride2, padding4, dilation2, int(groups), clamp_min,

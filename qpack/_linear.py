@@ -120,6 +120,20 @@ def _legacy_weight(weight, weight_scale):
     return weight.int_repr().contiguous().numpy(), scales, zero_points, per_channel
 
 
+def _bias_array(bias, channels):
+    """bias -> contiguous float32 [channels] numpy array (None stays None)."""
+    if bias is None:
+        return None
+    b = _to_numpy(bias, "bias")
+    if b.ndim != 1 or b.shape[0] != channels:
+        raise InvalidArgumentError(f"bias must have shape [{channels}], got {tuple(b.shape)}")
+    if b.dtype != np.float32:
+        raise InvalidTypeError(f"bias must be float32, got {b.dtype}")
+    if not np.isfinite(b).all():
+        raise InvalidArgumentError("bias holds NaN or infinity")
+    return np.ascontiguousarray(b)
+
+
 def _weight_scales(weight_scale, n_out, what):
     """weight_scale (float, sequence, array or tensor) -> validated float32 [1 or n_out]."""
     ws = _to_numpy(weight_scale, "weight_scale") if _is_torch(weight_scale) else weight_scale
@@ -170,6 +184,26 @@ class _PackedLifetime:
     """The lifetime surface every packed object shares (over self._h)."""
 
     _what = "packed object"
+
+    def _static_io(self, mode, input_scale, input_zero_point, output_scale, output_zero_point):
+        """Validates and records the static int8 input/output parameters.
+
+        Returns (input_scale, input_zero_point, output_scale, output_zero_point)
+        for the core: zeros where absent (an input scale of 0 means "per call").
+        """
+        self.input_scale = self.input_zero_point = None
+        self.output_scale = self.output_zero_point = None
+        if mode != "int8_static":
+            return 0.0, 0, 0.0, 0
+        out_s = _check_scale(output_scale, "output_scale")
+        out_zp = _check_zero_point(output_zero_point, "output_zero_point")
+        self.output_scale, self.output_zero_point = out_s, out_zp
+        in_s, in_zp = 0.0, 0
+        if input_scale is not None:
+            in_s = _check_scale(input_scale, "input_scale")
+            in_zp = _check_zero_point(0 if input_zero_point is None else input_zero_point, "input_zero_point")
+            self.input_scale, self.input_zero_point = in_s, in_zp
+        return in_s, in_zp, out_s, out_zp
 
     def release_original(self):
         """Drop the original weight; unpack() keeps working from the packed form."""
@@ -277,32 +311,11 @@ class PackedLinear(_PackedLifetime):
         self._weight_scale = scales
         self._weight_zero_points = weight_zero_points
 
-        b = None
-        if bias is not None:
-            b = _to_numpy(bias, "bias")
-            if b.ndim != 1 or b.shape[0] != w.shape[0]:
-                raise InvalidArgumentError(f"bias must have shape [{w.shape[0]}], got {tuple(b.shape)}")
-            if b.dtype != np.float32:
-                raise InvalidTypeError(f"bias must be float32, got {b.dtype}")
-            if not np.isfinite(b).all():
-                raise InvalidArgumentError("bias holds NaN or infinity")
-            b = np.ascontiguousarray(b)
+        b = _bias_array(bias, w.shape[0])
 
-        self.input_scale = None
-        self.input_zero_point = None
-        self.output_scale = None
-        self.output_zero_point = None
-        in_s, in_zp, out_s, out_zp = 0.0, 0, 0.0, 0
-        if mode == "int8_static":
-            out_s = _check_scale(output_scale, "output_scale")
-            out_zp = _check_zero_point(output_zero_point, "output_zero_point")
-            self.output_scale, self.output_zero_point = out_s, out_zp
-            if input_scale is not None:
-                in_s = _check_scale(input_scale, "input_scale")
-                in_zp = _check_zero_point(0 if input_zero_point is None else input_zero_point,
-                                          "input_zero_point")
-                self.input_scale, self.input_zero_point = in_s, in_zp
-        elif input_scale is not None or output_scale is not None:
+        in_s, in_zp, out_s, out_zp = self._static_io(mode, input_scale, input_zero_point, output_scale,
+                                                     output_zero_point)
+        if mode != "int8_static" and (input_scale is not None or output_scale is not None):
             raise InvalidArgumentError("input/output quantization parameters apply to static int8 layers only")
 
         self._h = _core.LinearHandle(w, b, mode, backend, retain, scales, weight_zero_points,
