@@ -64,7 +64,6 @@ class OnednnLinear final : public LinearKernel {
       }
       prims_ = std::make_shared<const PrimMap>(PrimMap{
           Prim{kPackBatch, dnnl::matmul(pd), pd.scratchpad_desc().get_size(), num_threads()}});
-      impl_ = pd.impl_info_str();
     } catch (const dnnl::error& e) {
       fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN could not pack the weight: ", e.what());
     }
@@ -277,7 +276,6 @@ class OnednnLinear final : public LinearKernel {
   memory packed_;
   memory bias_;
   std::vector<float> wei_scales_;
-  std::string impl_;
   mutable std::shared_ptr<const PrimMap> prims_;  // atomic_load/store only
   mutable std::mutex build_mutex_;
 };
