@@ -67,6 +67,9 @@ core-test: $(DEPS_STAMP) $(QNNPACK_STAMP)
 	$(VENV)/bin/cmake -S . -B build/core-mobile $(CMAKE_CORE_ARGS) -DQPACK_MOBILE=ON >/dev/null
 	$(VENV)/bin/cmake --build build/core-mobile -j2 --target qpack_c_api_consumer
 	build/core-mobile/tests/qpack_c_api_consumer
+	$(VENV)/bin/cmake -S . -B build/core-qnnpack $(CMAKE_CORE_ARGS) -DQPACK_WITH_ONEDNN=OFF >/dev/null
+	$(VENV)/bin/cmake --build build/core-qnnpack -j2 --target qpack_test_ops
+	build/core-qnnpack/tests/qpack_test_ops
 
 # Core tests under ASan+UBSan, then TSan.
 sanitize: $(DEPS_STAMP) $(QNNPACK_STAMP)

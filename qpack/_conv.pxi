@@ -4,8 +4,7 @@ LAYOUTS = {"nchw": QPACK_LAYOUT_NCHW, "nhwc": QPACK_LAYOUT_NHWC}
 
 
 cdef class Conv2dHandle:
-    """Owns one qpack_conv2d. Arguments are validated numpy arrays (see
-    qpack/_conv.py); this class checks only what C needs to stay safe.
+    """Owns one qpack_conv2d.
 
     Activations cross as C-contiguous 4-D arrays in their physical layout:
     "nchw" is [N, C, H, W], "nhwc" is [N, H, W, C]."""
@@ -17,22 +16,14 @@ cdef class Conv2dHandle:
     cdef readonly bint has_bias
     cdef readonly tuple weight_shape
 
-    def __cinit__(self, weight, bias, str mode, str backend, retain, weight_scales,
-                  weight_zero_points, tuple stride, tuple padding, tuple dilation, int groups,
-                  float clamp_min, float clamp_max, float input_scale, int input_zero_point,
-                  float output_scale, int output_zero_point):
+    def __cinit__(self, args, str backend, retain, tuple stride, tuple padding, tuple dilation,
+                  int groups):
         self._h = NULL
         cdef qpack_conv2d_params p
         qpack_conv2d_params_init(&p)
-        if weight.ndim != 4:
-            raise InvalidArgumentError(
-                f"weight must be 4-D [out_channels, in_channels/groups, kh, kw], got {weight.ndim}-D")
-        p.mode = MODES[mode]
-        expected = np.float32 if p.mode == QPACK_MODE_F32 else np.int8
-        if weight.dtype != expected or not weight.flags.c_contiguous:
-            raise InvalidTypeError(f"weight must be a C-contiguous {np.dtype(expected)} array")
-        if weight.size == 0:
-            raise InvalidArgumentError(f"weight must not be empty, got shape {tuple(weight.shape)}")
+        cdef _OpArrays arrays = _OpArrays(args)
+        _fill(&p, arrays, args, backend, retain)
+        weight = args.weight
         p.out_channels = weight.shape[0]
         p.groups = groups
         p.in_channels = weight.shape[1] * groups
@@ -41,38 +32,6 @@ cdef class Conv2dHandle:
         p.stride_h, p.stride_w = stride
         p.pad_top, p.pad_left, p.pad_bottom, p.pad_right = padding
         p.dilation_h, p.dilation_w = dilation
-        p.backend = QPACK_BACKEND_AUTO if backend == "auto" else BACKENDS[backend]
-        p.retain = QPACK_RETAIN_DEFAULT if retain is None else (
-            QPACK_RETAIN_KEEP if retain else QPACK_RETAIN_RELEASE)
-        cdef const uint8_t[::1] wbytes = weight.reshape(-1).view(np.uint8)
-        p.weight = &wbytes[0]
-        cdef const float[::1] bview
-        if bias is not None:
-            if bias.dtype != np.float32 or bias.ndim != 1 or bias.shape[0] != p.out_channels:
-                raise InvalidArgumentError(
-                    f"bias must be float32 of shape [{p.out_channels}], got {bias.dtype} {tuple(bias.shape)}")
-            bview = np.ascontiguousarray(bias)
-            p.bias = &bview[0]
-        cdef const float[::1] sview
-        cdef const int32_t[::1] zview
-        if weight_scales is not None:
-            sview = np.ascontiguousarray(weight_scales, dtype=np.float32)
-            p.num_weight_scales = sview.shape[0]
-            if sview.shape[0] > 0:
-                p.weight_scales = &sview[0]
-            if weight_zero_points is not None:
-                zview = np.ascontiguousarray(weight_zero_points, dtype=np.int32)
-                if zview.shape[0] != sview.shape[0]:
-                    raise InvalidArgumentError(
-                        f"weight zero points ({zview.shape[0]}) and scales ({sview.shape[0]}) differ in length")
-                if zview.shape[0] > 0:
-                    p.weight_zero_points = &zview[0]
-        p.clamp_min = clamp_min
-        p.clamp_max = clamp_max
-        p.input_scale = input_scale
-        p.input_zero_point = input_zero_point
-        p.output_scale = output_scale
-        p.output_zero_point = output_zero_point
         cdef qpack_status st
         cdef qpack_conv2d* h = NULL
         with nogil:
@@ -81,8 +40,8 @@ cdef class Conv2dHandle:
         self._h = h
         self.in_channels = p.in_channels
         self.out_channels = p.out_channels
-        self.mode = mode
-        self.has_bias = bias is not None
+        self.mode = args.mode
+        self.has_bias = args.bias is not None
         self.weight_shape = tuple(int(d) for d in weight.shape)
         cdef qpack_conv2d_info info
         check_status(qpack_conv2d_get_info(self._h, &info))
@@ -160,19 +119,13 @@ cdef class Conv2dHandle:
     def info(self):
         cdef qpack_conv2d_info i
         check_status(qpack_conv2d_get_info(self._h, &i))
-        return {"has_original": bool(i.has_original), "nbytes_packed": i.nbytes_packed,
-                "nbytes_original": i.nbytes_original}
+        return {"closed": bool(i.closed), "has_original": bool(i.has_original),
+                "nbytes_packed": i.nbytes_packed, "nbytes_original": i.nbytes_original}
 
     def stats(self):
         cdef qpack_conv2d_stats s
         check_status(qpack_conv2d_get_stats(self._h, &s))
-        return {"states_built": s.states_built, "cache_hits": s.cache_hits,
-                "evictions": s.evictions, "runs": s.runs}
+        return _stats(s)
 
     def close(self):
         check_status(qpack_conv2d_close(self._h))
-
-    @property
-    def closed(self):
-        cdef qpack_conv2d_info i
-        return qpack_conv2d_get_info(self._h, &i) == QPACK_STATUS_CLOSED

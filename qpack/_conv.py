@@ -3,23 +3,11 @@ import numpy as np
 
 from qpack import _core
 from qpack._core import InvalidArgumentError, InvalidTypeError
-from qpack._linear import (
-    _PackedLifetime,
-    _activation_bounds,
-    _bias_array,
-    _as_given,
-    _check_scale,
-    _check_zero_point,
-    _input_array,
-    _is_torch,
-    _legacy_weight,
-    _torch,
-    _weight_scales,
-)
+from qpack._packed import OpArgs, PackedOp, input_array, is_torch, torch_module
 
 
-def _int_tuple(value, n, name, lo):
-    """int or sequence of n ints (each >= lo) -> tuple of n ints."""
+def _int_tuple(value, n, name):
+    """int or sequence of n ints -> tuple of n ints (the core checks their range)."""
     items = (value,) * n if isinstance(value, (int, np.integer)) else value
     try:
         items = tuple(items)
@@ -27,8 +15,6 @@ def _int_tuple(value, n, name, lo):
         raise InvalidTypeError(f"{name} must be an int or a tuple of {n} ints, got {value!r}") from None
     if len(items) != n or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in items):
         raise InvalidTypeError(f"{name} must be an int or a tuple of {n} ints, got {value!r}")
-    if any(v < lo for v in items):
-        raise InvalidArgumentError(f"{name} must be >= {lo}, got {value!r}")
     return tuple(int(v) for v in items)
 
 
@@ -43,11 +29,11 @@ def _padding(padding, kernel, stride, dilation):
             raise InvalidArgumentError("padding='same' is not supported for strided convolutions (as in torch)")
         total = [d * (k - 1) for d, k in zip(dilation, kernel)]
         return total[0] // 2, total[1] // 2, total[0] - total[0] // 2, total[1] - total[1] // 2
-    ph, pw = _int_tuple(padding, 2, "padding", 0)
+    ph, pw = _int_tuple(padding, 2, "padding")
     return ph, pw, ph, pw
 
 
-class PackedConv2d(_PackedLifetime):
+class PackedConv2d(PackedOp):
     """torch.nn.functional.conv2d on weights packed once for oneDNN or QNNPACK.
 
     ``weight`` is [out_channels, in_channels/groups, kh, kw]:
@@ -69,74 +55,42 @@ class PackedConv2d(_PackedLifetime):
 
     _spatial = 2
     _what = "packed convolution"
+    _noun = "convolution"
 
     def __init__(self, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
                  backend="auto", retain=None, activation=None, weight_scale=None,
                  input_scale=None, input_zero_point=None, output_scale=None,
                  output_zero_point=None):
-        if backend not in ("auto", "onednn", "qnnpack"):
-            raise InvalidArgumentError(f"backend must be 'auto', 'onednn' or 'qnnpack', got {backend!r}")
-        if retain is not None and not isinstance(retain, bool):
-            raise InvalidTypeError(f"retain must be True, False or None, got {retain!r}")
         if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)):
             raise InvalidTypeError(f"groups must be an int, got {groups!r}")
-        if groups < 1:
-            raise InvalidArgumentError(f"groups must be >= 1, got {groups}")
-        clamp_min, clamp_max = _activation_bounds(activation)
-        self._activation = activation
-        self._weight_kind = "torch" if _is_torch(weight) else "numpy"
-        self._bias_kind = "torch" if _is_torch(bias) else "numpy"
-        w, weight_scale, weight_zero_points, self._legacy_per_channel = _legacy_weight(
-            weight, weight_scale)
-        if self._legacy_per_channel is not None:
-            self._weight_kind = "torch_qint8"
-        if w.ndim != self._spatial + 2:
-            raise InvalidArgumentError(
-                f"weight must be {self._spatial + 2}-D [out_channels, in_channels/groups, "
-                f"{'kh, kw' if self._spatial == 2 else 'k'}], got shape {tuple(w.shape)}")
-        if 0 in w.shape:
-            raise InvalidArgumentError(f"weight must not be empty, got shape {tuple(w.shape)}")
-        if w.shape[0] % groups:
-            raise InvalidArgumentError(f"groups ({groups}) must divide out_channels ({w.shape[0]})")
-        self.weight_shape = tuple(int(d) for d in w.shape)
-        w4 = np.ascontiguousarray(w if self._spatial == 2 else w[:, :, None, :])
-        if w4.dtype == np.float32:
-            if weight_scale is not None or output_scale is not None or input_scale is not None:
+        nd = self._spatial + 2
+
+        def check_shape(w):
+            if w.ndim != nd:
                 raise InvalidArgumentError(
-                    "a float32 weight gives a float32 convolution; quantize it to int8 (with "
-                    "weight_scale, output_scale and output_zero_point) for a static int8 one")
-            if not np.isfinite(w4).all():
-                raise InvalidArgumentError("weight holds NaN or infinity")
-            mode = "f32"
-        elif w4.dtype == np.int8:
-            if weight_scale is None:
-                raise InvalidArgumentError("an int8 weight needs weight_scale (a float, or one per output channel)")
-            if output_scale is None or output_zero_point is None:
-                raise InvalidArgumentError("an int8 weight needs output_scale and output_zero_point")
-            mode = "int8_static"
-        else:
-            raise InvalidTypeError(f"weight must be float32 or int8 (or torch.qint8), got {w4.dtype}")
-        scales = None if mode == "f32" else _weight_scales(weight_scale, w4.shape[0], "output channel")
-        self._weight_scale = scales
-        self._weight_zero_points = weight_zero_points
+                    f"weight must be {nd}-D [out_channels, in_channels/groups, "
+                    f"{'kh, kw' if nd == 4 else 'k'}], got shape {tuple(w.shape)}")
+            if 0 in w.shape:
+                raise InvalidArgumentError(f"weight must not be empty, got shape {tuple(w.shape)}")
+            return w if nd == 4 else w[:, :, None, :]
 
-        b = _bias_array(bias, w4.shape[0])
-
+        args = OpArgs("convolution", weight, bias, retain=retain, activation=activation,
+                      weight_scale=weight_scale, input_scale=input_scale,
+                      input_zero_point=input_zero_point, output_scale=output_scale,
+                      output_zero_point=output_zero_point, dynamic=False, check_shape=check_shape)
+        w4 = args.weight
         stride2, dilation2, padding4 = self._geometry(stride, padding, dilation, w4.shape[2:])
-        in_s, in_zp, out_s, out_zp = self._static_io(mode, input_scale, input_zero_point, output_scale,
-                                                     output_zero_point)
-
-        self._h = _core.Conv2dHandle(w4, b, mode, backend, retain, scales, weight_zero_points,
-                                     stride2, padding4, dilation2, int(groups), clamp_min,
-                                     clamp_max, in_s, in_zp, out_s, out_zp)
-        self.mode = mode
+        self._init_from(args, _core.Conv2dHandle(args, backend, retain, stride2, padding4, dilation2,
+                                                 int(groups)))
+        self._activation = activation
+        self.weight_shape = tuple(int(d) for d in (w4.shape if nd == 4 else w4[:, :, 0, :].shape))
         self.groups = int(groups)
         self.in_channels = int(w4.shape[1]) * self.groups
         self.out_channels = int(w4.shape[0])
 
     def _geometry(self, stride, padding, dilation, kernel):
-        stride2 = _int_tuple(stride, 2, "stride", 1)
-        dilation2 = _int_tuple(dilation, 2, "dilation", 1)
+        stride2 = _int_tuple(stride, 2, "stride")
+        dilation2 = _int_tuple(dilation, 2, "dilation")
         return stride2, dilation2, _padding(padding, tuple(kernel), stride2, dilation2)
 
     # ---- running ---------------------------------------------------------
@@ -146,8 +100,8 @@ class PackedConv2d(_PackedLifetime):
 
     def _layout(self, x, xa):
         """(physical C-contiguous array, 'nchw' | 'nhwc') of a 4-D input."""
-        if _is_torch(x) and not x.is_contiguous() and x.is_contiguous(
-                memory_format=_torch().channels_last):
+        if is_torch(x) and not x.is_contiguous() and x.is_contiguous(
+                memory_format=torch_module().channels_last):
             return np.ascontiguousarray(xa.transpose(0, 2, 3, 1)), "nhwc"
         if xa.flags.c_contiguous:
             return xa, "nchw"
@@ -161,8 +115,8 @@ class PackedConv2d(_PackedLifetime):
 
     def forward(self, x, scale=None, zero_point=None):
         h = self._h
-        xa, scale, zero_point, legacy = _input_array(x, scale, zero_point)
-        torch_in = legacy or _is_torch(x)
+        xa, scale, zero_point, legacy = input_array(x, scale, zero_point)
+        torch_in = legacy or is_torch(x)
         nd = self._spatial + 2
         if xa.ndim not in (nd - 1, nd):
             raise InvalidArgumentError(
@@ -180,23 +134,10 @@ class PackedConv2d(_PackedLifetime):
         phys, x_layout = self._layout(x if (torch_in and not legacy and self._spatial == 2
                                             and not unbatched) else None, x4)
         y_layout = self._output_layout(x_layout)
-        if self.mode == "int8_static":
-            if phys.dtype != np.uint8:
-                raise InvalidTypeError(f"this static int8 convolution takes uint8 input, got {phys.dtype}")
-            if scale is None:
-                if self.input_scale is None:
-                    raise InvalidArgumentError(
-                        "no input scale: pass scale= and zero_point= to the call, or input_scale= at construction")
-                scale, zero_point = self.input_scale, self.input_zero_point
-            else:
-                scale = _check_scale(scale, "scale")
-                zero_point = _check_zero_point(0 if zero_point is None else zero_point, "zero_point")
+        kind, scale, zero_point = self._run_args(phys, scale, zero_point)
+        if kind == "u8":
             y = h.run_u8(phys, scale, zero_point, x_layout, y_layout)
         else:
-            if scale is not None or zero_point is not None:
-                raise InvalidArgumentError("scale/zero_point apply to static int8 convolutions only")
-            if phys.dtype != np.float32:
-                raise InvalidTypeError(f"this float32 convolution takes float32 input, got {phys.dtype}")
             y = h.run_f32(phys, x_layout, y_layout)
         return self._wrap(y, y_layout, unbatched, torch_in, legacy)
 
@@ -204,7 +145,7 @@ class PackedConv2d(_PackedLifetime):
         """Physical output -> logical [N, C, ...] array or tensor (memory format kept)."""
         perm = (0, 3, 1, 2) if y_layout == "nhwc" else None
         if torch_in:
-            torch = _torch()
+            torch = torch_module()
             y = torch.from_numpy(y)
             if legacy:
                 y = torch._make_per_tensor_quantized_tensor(y, self.output_scale, self.output_zero_point)
@@ -220,21 +161,11 @@ class PackedConv2d(_PackedLifetime):
 
     def unpack(self):
         """(weight, bias) as given: reconstructed from the packed form if released."""
-        w, b = self._h.unpack()
-        w = w.reshape(self.weight_shape)
-        w = _as_given(w, self._weight_kind, self._weight_scale, self._weight_zero_points,
-                      self._legacy_per_channel)
-        if b is not None and self._bias_kind == "torch":
-            b = _torch().from_numpy(b)
-        return w, b
-
-    @property
-    def weight_scale(self):
-        """Weight scales (float32 array: 1 per-tensor or out_channels per-channel); None for fp32."""
-        return None if self._weight_scale is None else self._weight_scale.copy()
+        w, b = self._unpack_as_given()
+        return w.reshape(self.weight_shape), b
 
     def __repr__(self):
-        state = "closed" if self.closed else ("original kept" if self.has_original else "original released")
+        state = self._state()
         return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, "
                 f"kernel={self.weight_shape[2:]}, groups={self.groups}, mode={self.mode}, "
                 f"backend={self.backend}, {state})")
@@ -252,20 +183,12 @@ class PackedConv1d(PackedConv2d):
     _spatial = 1
 
     def _geometry(self, stride, padding, dilation, kernel):
-        (s,) = _int_tuple(stride, 1, "stride", 1)
-        (d,) = _int_tuple(dilation, 1, "dilation", 1)
+        (s,) = _int_tuple(stride, 1, "stride")
+        (d,) = _int_tuple(dilation, 1, "dilation")
         if not isinstance(padding, str):
-            (p,) = _int_tuple(padding, 1, "padding", 0)
+            (p,) = _int_tuple(padding, 1, "padding")
             padding = (0, p)
         return (1, s), (1, d), _padding(padding, tuple(kernel), (1, s), (1, d))
-
-    def _layout(self, x, xa):
-        if xa.flags.c_contiguous:
-            return xa, "nchw"
-        nhwc = xa.transpose(0, 2, 3, 1)
-        if nhwc.flags.c_contiguous:
-            return nhwc, "nhwc"
-        return np.ascontiguousarray(xa), "nchw"
 
     def _output_layout(self, x_layout):
         return "nchw"

@@ -1,11 +1,12 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Cython layer of qpack: Python objects over libqpack's C API.
 
-Knows numpy and the buffer protocol, never torch. The GIL is released for
-packing, running and unpacking; errors are translated in _errors.pxi only.
+Knows numpy and the buffer protocol, never torch. Arrays arrive translated
+(dtype, contiguity: see qpack/_packed.py); values are validated by the core.
+The GIL is released for packing, running and unpacking; errors are
+translated in _errors.pxi only.
 """
 from libc.stdint cimport int32_t, int64_t, uint8_t
-from libc.math cimport INFINITY
 
 import numpy as np
 
@@ -13,8 +14,6 @@ from qpack.includes.libqpack cimport *
 
 include "_errors.pxi"
 
-BACKENDS = {"onednn": QPACK_BACKEND_ONEDNN, "qnnpack": QPACK_BACKEND_QNNPACK}
-_BACKEND_NAMES = {QPACK_BACKEND_ONEDNN: "onednn", QPACK_BACKEND_QNNPACK: "qnnpack"}
 MODES = {"f32": QPACK_MODE_F32, "int8_static": QPACK_MODE_INT8_STATIC,
          "int8_dynamic": QPACK_MODE_INT8_DYNAMIC}
 _MODE_NAMES = {v: k for k, v in MODES.items()}
@@ -28,11 +27,14 @@ def set_default_retain(keep):
     qpack_set_default_retain(1 if keep else 0)
 
 
+cdef int _retain_code(retain):
+    return QPACK_RETAIN_DEFAULT if retain is None else (
+        QPACK_RETAIN_KEEP if retain else QPACK_RETAIN_RELEASE)
+
+
 def set_thread_retain(retain):
     """retain: True, False or None (clear). Returns the previous override."""
-    cdef int r = QPACK_RETAIN_DEFAULT if retain is None else (
-        QPACK_RETAIN_KEEP if retain else QPACK_RETAIN_RELEASE)
-    prev = qpack_set_thread_retain(r)
+    prev = qpack_set_thread_retain(_retain_code(retain))
     return None if prev == QPACK_RETAIN_DEFAULT else bool(prev)
 
 
@@ -42,9 +44,7 @@ def get_thread_retain():
 
 
 def resolve_retain(retain):
-    cdef int r = QPACK_RETAIN_DEFAULT if retain is None else (
-        QPACK_RETAIN_KEEP if retain else QPACK_RETAIN_RELEASE)
-    return bool(qpack_resolve_retain(r))
+    return bool(qpack_resolve_retain(_retain_code(retain)))
 
 
 def set_num_threads(int n):
@@ -63,20 +63,106 @@ def in_forked_child():
     return bool(qpack_in_forked_child())
 
 
-def backend_describe(name):
+def version():
+    return qpack_version().decode("ascii")
+
+
+def choose_qparams_u8(float lo, float hi):
+    """uint8 (scale, zero_point) for values in [lo, hi], the core's one rule."""
+    cdef float scale = 0
+    cdef int32_t zp = 0
+    check_status(qpack_choose_qparams_u8(lo, hi, &scale, &zp))
+    return float(scale), int(zp)
+
+
+def _mode_list(unsigned bits):
+    return [name for name, m in MODES.items() if bits & (1u << m)]
+
+
+def backend_infos():
+    """What the core's registry reports for every backend qpack knows, in AUTO order."""
+    cdef qpack_backend_info b
     cdef char buf[512]
-    cdef qpack_backend b = BACKENDS[name]
-    check_status(qpack_backend_describe(b, buf, sizeof(buf)))
-    return buf.decode("utf-8", "replace")
+    out = []
+    for i in range(qpack_backend_count()):
+        check_status(qpack_backend_get_info(i, &b))
+        check_status(qpack_backend_describe(b.backend, buf, sizeof(buf)))
+        out.append({"id": int(b.backend), "name": b.name.decode("ascii"),
+                    "compiled": bool(b.compiled), "available": bool(b.available),
+                    "version": buf.decode("utf-8", "replace"),
+                    "asymmetric_weights": bool(b.asymmetric_weights),
+                    "linear": _mode_list(b.linear_modes), "conv2d": _mode_list(b.conv2d_modes)})
+    return out
 
 
-def backend_available(name):
-    return bool(qpack_backend_available(BACKENDS[name]))
+_BACKENDS = {b["name"]: b["id"] for b in backend_infos()}
+_BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
+
+
+cdef qpack_backend _backend_code(str backend) except *:
+    if backend == "auto":
+        return QPACK_BACKEND_AUTO
+    if backend not in _BACKENDS:
+        names = ", ".join(repr(n) for n in ["auto", *_BACKENDS])
+        raise InvalidArgumentError(f"unknown backend {backend!r}; use one of {names}")
+    return <qpack_backend>_BACKENDS[backend]
+
+
+ctypedef fused op_params:
+    qpack_linear_params
+    qpack_conv2d_params
+
+
+cdef class _OpArrays:
+    """Keeps an op's arrays alive while the core copies what it needs, and
+    fills the fields every params struct shares from OpArgs (qpack/_packed.py)."""
+    cdef object weight, bias, scales, zero_points
+    cdef const uint8_t[::1] wview
+    cdef const float[::1] bview
+    cdef const float[::1] sview
+    cdef const int32_t[::1] zview
+
+    def __cinit__(self, args):
+        self.weight = args.weight
+        self.wview = self.weight.reshape(-1).view(np.uint8)
+        self.bias = args.bias
+        if self.bias is not None:
+            self.bview = self.bias
+        self.scales = args.weight_scales
+        if self.scales is not None:
+            self.sview = np.ascontiguousarray(self.scales, dtype=np.float32)
+        self.zero_points = args.weight_zero_points
+        if self.zero_points is not None:
+            self.zview = np.ascontiguousarray(self.zero_points, dtype=np.int32)
+            if self.scales is None or self.zview.shape[0] != self.sview.shape[0]:
+                raise InvalidArgumentError("weight zero points and scales differ in length")
+
+
+cdef void _fill(op_params* p, _OpArrays a, args, str backend, retain) except *:
+    p.mode = MODES[args.mode]
+    p.backend = _backend_code(backend)
+    p.retain = _retain_code(retain)
+    if a.wview.shape[0] > 0:
+        p.weight = &a.wview[0]
+    if a.bias is not None and a.bview.shape[0] > 0:
+        p.bias = &a.bview[0]
+    if a.scales is not None:
+        p.num_weight_scales = a.sview.shape[0]
+        if a.sview.shape[0] > 0:
+            p.weight_scales = &a.sview[0]
+    if a.zero_points is not None and a.zview.shape[0] > 0:
+        p.weight_zero_points = &a.zview[0]
+    p.clamp_min, p.clamp_max = args.clamp
+    p.input_scale, p.input_zero_point, p.output_scale, p.output_zero_point = args.io
+
+
+cdef dict _stats(qpack_op_stats s):
+    return {"states_built": s.states_built, "cache_hits": s.cache_hits,
+            "evictions": s.evictions, "runs": s.runs}
 
 
 cdef class LinearHandle:
-    """Owns one qpack_linear. Arguments are validated numpy arrays (see
-    qpack/_linear.py); this class checks only what C needs to stay safe."""
+    """Owns one qpack_linear."""
     cdef qpack_linear* _h
     cdef readonly int64_t in_features
     cdef readonly int64_t out_features
@@ -84,54 +170,14 @@ cdef class LinearHandle:
     cdef readonly str backend
     cdef readonly bint has_bias
 
-    def __cinit__(self, weight, bias, str mode, str backend, retain, weight_scales,
-                  weight_zero_points, float clamp_min, float clamp_max,
-                  float input_scale, int input_zero_point,
-                  float output_scale, int output_zero_point):
+    def __cinit__(self, args, str backend, retain):
         self._h = NULL
         cdef qpack_linear_params p
         qpack_linear_params_init(&p)
-        if weight.ndim != 2:
-            raise InvalidArgumentError(f"weight must be 2-D [out_features, in_features], got {weight.ndim}-D")
-        p.mode = MODES[mode]
-        expected = np.float32 if p.mode == QPACK_MODE_F32 else np.int8
-        if weight.dtype != expected or not weight.flags.c_contiguous:
-            raise InvalidTypeError(f"weight must be a C-contiguous {np.dtype(expected)} array")
-        p.out_features = weight.shape[0]
-        p.in_features = weight.shape[1]
-        p.backend = QPACK_BACKEND_AUTO if backend == "auto" else BACKENDS[backend]
-        p.retain = QPACK_RETAIN_DEFAULT if retain is None else (
-            QPACK_RETAIN_KEEP if retain else QPACK_RETAIN_RELEASE)
-        cdef const uint8_t[::1] wbytes = weight.reshape(-1).view(np.uint8)
-        if wbytes.shape[0] > 0:
-            p.weight = &wbytes[0]
-        cdef const float[::1] bview
-        if bias is not None:
-            if bias.dtype != np.float32 or bias.ndim != 1 or bias.shape[0] != p.out_features:
-                raise InvalidArgumentError(
-                    f"bias must be float32 of shape [{p.out_features}], got {bias.dtype} {tuple(bias.shape)}")
-            bview = np.ascontiguousarray(bias)
-            p.bias = &bview[0]
-        cdef const float[::1] sview
-        cdef const int32_t[::1] zview
-        if weight_scales is not None:
-            sview = np.ascontiguousarray(weight_scales, dtype=np.float32)
-            p.num_weight_scales = sview.shape[0]
-            if sview.shape[0] > 0:
-                p.weight_scales = &sview[0]
-            if weight_zero_points is not None:
-                zview = np.ascontiguousarray(weight_zero_points, dtype=np.int32)
-                if zview.shape[0] != sview.shape[0]:
-                    raise InvalidArgumentError(
-                        f"weight zero points ({zview.shape[0]}) and scales ({sview.shape[0]}) differ in length")
-                if zview.shape[0] > 0:
-                    p.weight_zero_points = &zview[0]
-        p.clamp_min = clamp_min
-        p.clamp_max = clamp_max
-        p.input_scale = input_scale
-        p.input_zero_point = input_zero_point
-        p.output_scale = output_scale
-        p.output_zero_point = output_zero_point
+        cdef _OpArrays arrays = _OpArrays(args)
+        _fill(&p, arrays, args, backend, retain)
+        p.out_features = args.weight.shape[0]
+        p.in_features = args.weight.shape[1]
         cdef qpack_status st
         cdef qpack_linear* h = NULL
         with nogil:
@@ -140,8 +186,8 @@ cdef class LinearHandle:
         self._h = h
         self.in_features = p.in_features
         self.out_features = p.out_features
-        self.mode = mode
-        self.has_bias = bias is not None
+        self.mode = args.mode
+        self.has_bias = args.bias is not None
         cdef qpack_linear_info info
         check_status(qpack_linear_get_info(self._h, &info))
         self.backend = _BACKEND_NAMES[info.backend]
@@ -151,14 +197,17 @@ cdef class LinearHandle:
             qpack_linear_destroy(self._h)
             self._h = NULL
 
+    def _checked_rows(self, x):
+        if x.ndim != 2 or x.shape[1] != self.in_features:
+            raise InvalidArgumentError(
+                f"input has {x.shape[x.ndim - 1]} features (last dim); this layer takes {self.in_features}")
+        return x.shape[0]
+
     def run_f32(self, x):
         """x: C-contiguous float32 [M, K] -> float32 [M, N]."""
-        cdef const float[:, ::1] xv = x
-        cdef int64_t m = xv.shape[0]
-        if xv.shape[1] != self.in_features:
-            raise InvalidArgumentError(
-                f"input has {xv.shape[1]} features; this layer takes {self.in_features}")
+        cdef int64_t m = self._checked_rows(x)
         out = np.empty((m, self.out_features), dtype=np.float32)
+        cdef const float[:, ::1] xv = x
         cdef float[:, ::1] yv = out
         cdef const float* xp = &xv[0, 0] if m > 0 else NULL
         cdef float* yp = &yv[0, 0] if m > 0 else NULL
@@ -170,12 +219,9 @@ cdef class LinearHandle:
 
     def run_u8(self, x, float scale, int zero_point):
         """x: C-contiguous uint8 [M, K] -> uint8 [M, N]."""
-        cdef const uint8_t[:, ::1] xv = x
-        cdef int64_t m = xv.shape[0]
-        if xv.shape[1] != self.in_features:
-            raise InvalidArgumentError(
-                f"input has {xv.shape[1]} features; this layer takes {self.in_features}")
+        cdef int64_t m = self._checked_rows(x)
         out = np.empty((m, self.out_features), dtype=np.uint8)
+        cdef const uint8_t[:, ::1] xv = x
         cdef uint8_t[:, ::1] yv = out
         cdef const uint8_t* xp = &xv[0, 0] if m > 0 else NULL
         cdef uint8_t* yp = &yv[0, 0] if m > 0 else NULL
@@ -203,20 +249,16 @@ cdef class LinearHandle:
     def info(self):
         cdef qpack_linear_info i
         check_status(qpack_linear_get_info(self._h, &i))
-        return {"has_original": bool(i.has_original), "nbytes_packed": i.nbytes_packed,
-                "nbytes_original": i.nbytes_original}
+        return {"closed": bool(i.closed), "has_original": bool(i.has_original),
+                "nbytes_packed": i.nbytes_packed, "nbytes_original": i.nbytes_original}
 
     def stats(self):
         cdef qpack_linear_stats s
         check_status(qpack_linear_get_stats(self._h, &s))
-        return {"states_built": s.states_built, "cache_hits": s.cache_hits,
-                "evictions": s.evictions, "runs": s.runs}
+        return _stats(s)
 
     def close(self):
         check_status(qpack_linear_close(self._h))
 
-    @property
-    def closed(self):
-        cdef qpack_linear_info i
-        return qpack_linear_get_info(self._h, &i) == QPACK_STATUS_CLOSED
+
 include "_conv.pxi"

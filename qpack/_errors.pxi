@@ -20,10 +20,6 @@ class UnsupportedError(Error, NotImplementedError):
     """Valid, but not supported by the chosen backend."""
 
 
-class ReleasedError(Error, RuntimeError):
-    """The operation needs original weights that were released."""
-
-
 class BackendError(Error, RuntimeError):
     """oneDNN or QNNPACK reported a failure."""
 
@@ -38,7 +34,6 @@ _STATUS_TO_ERROR = {
     QPACK_STATUS_UNSUPPORTED: UnsupportedError,
     QPACK_STATUS_OUT_OF_MEMORY: OutOfMemoryError,
     QPACK_STATUS_CLOSED: ClosedError,
-    QPACK_STATUS_RELEASED: ReleasedError,
     QPACK_STATUS_BACKEND_ERROR: BackendError,
 }
 

@@ -32,26 +32,29 @@ def retain(keep):
 
 
 def backends():
-    """What each backend is, and what it supports."""
-    return {
-        "onednn": {
-            "available": _core.backend_available("onednn"),
-            "version": _core.backend_describe("onednn"),
-            "linear": ["f32", "int8_static", "int8_dynamic"],
-            "weight_quantization": ["per_tensor_symmetric", "per_channel_symmetric"],
-        },
-        "qnnpack": {
-            "available": _core.backend_available("qnnpack"),
-            "version": _core.backend_describe("qnnpack"),
-            "linear": ["int8_static", "int8_dynamic"],
-            "weight_quantization": ["per_tensor_affine", "per_channel_affine"],
-        },
-    }
+    """What each backend is and supports, as the core's registry reports it.
+
+    {name: {"available", "compiled", "version", "linear": [modes],
+    "conv2d": [modes], "weight_quantization": [...]}}, in the order
+    backend="auto" prefers them."""
+    out = {}
+    for b in _core.backend_infos():
+        out[b["name"]] = {
+            "available": b["available"],
+            "compiled": b["compiled"],
+            "version": b["version"],
+            "linear": b["linear"],
+            "conv2d": b["conv2d"],
+            "weight_quantization": (["per_tensor_affine", "per_channel_affine"] if b["asymmetric_weights"]
+                                    else ["per_tensor_symmetric", "per_channel_symmetric"]),
+        }
+    return out
 
 
 def build_info():
     """How this qpack was built."""
     return {
+        "version": _core.version(),
         "mobile": _core.build_mobile(),
         "default_retain": _core.get_default_retain(),
         "num_threads": _core.get_num_threads(),

@@ -10,7 +10,6 @@ cdef extern from "qpack/qpack.h" nogil:
         QPACK_STATUS_UNSUPPORTED
         QPACK_STATUS_OUT_OF_MEMORY
         QPACK_STATUS_CLOSED
-        QPACK_STATUS_RELEASED
         QPACK_STATUS_BACKEND_ERROR
         QPACK_STATUS_INTERNAL
 
@@ -39,8 +38,29 @@ cdef extern from "qpack/qpack.h" nogil:
     int qpack_get_num_threads()
     int qpack_build_mobile()
     int qpack_in_forked_child()
+    const char* qpack_version()
+    qpack_status qpack_choose_qparams_u8(float min, float max, float* scale_out,
+                                         int32_t* zero_point_out)
+
+    ctypedef struct qpack_backend_info:
+        qpack_backend backend
+        const char* name
+        int compiled
+        int available
+        int asymmetric_weights
+        unsigned linear_modes
+        unsigned conv2d_modes
+
+    int qpack_backend_count()
+    qpack_status qpack_backend_get_info(int index, qpack_backend_info* info_out)
     qpack_status qpack_backend_describe(qpack_backend backend, char* buf, size_t size)
     int qpack_backend_available(qpack_backend backend)
+
+    ctypedef struct qpack_op_stats:
+        uint64_t states_built
+        uint64_t cache_hits
+        uint64_t evictions
+        uint64_t runs
 
     ctypedef struct qpack_linear:
         pass
@@ -75,11 +95,7 @@ cdef extern from "qpack/qpack.h" nogil:
         size_t nbytes_packed
         size_t nbytes_original
 
-    ctypedef struct qpack_linear_stats:
-        uint64_t states_built
-        uint64_t cache_hits
-        uint64_t evictions
-        uint64_t runs
+    ctypedef qpack_op_stats qpack_linear_stats
 
     void qpack_linear_params_init(qpack_linear_params* params)
     qpack_status qpack_linear_create(const qpack_linear_params* params, qpack_linear** linear_out)
@@ -142,11 +158,12 @@ cdef extern from "qpack/qpack.h" nogil:
         qpack_backend backend
         int has_bias
         int has_original
+        int closed
         int64_t num_weight_scales
         size_t nbytes_packed
         size_t nbytes_original
 
-    ctypedef qpack_linear_stats qpack_conv2d_stats
+    ctypedef qpack_op_stats qpack_conv2d_stats
 
     void qpack_conv2d_params_init(qpack_conv2d_params* params)
     qpack_status qpack_conv2d_create(const qpack_conv2d_params* params, qpack_conv2d** conv_out)

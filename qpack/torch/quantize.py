@@ -6,7 +6,7 @@ for static layers, uint8 input/output scale and zero point.
 """
 import torch
 
-from qpack._core import UnsupportedError
+from qpack._core import UnsupportedError, choose_qparams_u8
 
 _QMAX = 127
 
@@ -31,20 +31,11 @@ def dequantize_weight(qweight, scale):
     return (qweight.to(torch.float32) * scale.reshape(shape).to(torch.float32)).contiguous()
 
 
-_SMALL_SCALE = 6.1e-5
-
-
 def uint8_qparams(lo, hi):
-    """Affine uint8 (scale, zero_point) covering [lo, hi] (widened to hold 0)."""
-    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
-    scale = (hi - lo) / 255.0
-    if scale == 0.0:
-        scale = 0.1  # an all-zero calibration range, as PyTorch's ChooseQuantizationParams does
-    # PyTorch's small-scale threshold: below it QNNPACK's int32 bias
-    # (bias / (input_scale * weight_scale)) overflows for ordinary biases.
-    scale = max(scale, _SMALL_SCALE)
-    zp = int(round(-lo / scale))
-    return float(scale), max(0, min(255, zp))
+    """Affine uint8 (scale, zero_point) covering [lo, hi] (widened to hold 0): the
+    core's rule (PyTorch's ChooseQuantizationParams, with its minimum scale, below
+    which QNNPACK's int32 bias would overflow for ordinary biases)."""
+    return choose_qparams_u8(float(lo), float(hi))
 
 
 # ---- torchao ---------------------------------------------------------------

@@ -1,12 +1,10 @@
 #include "core/quant.h"
 
-#include "core/policy.h"
-
 #include <algorithm>
 #include <memory>
 #include <vector>
 
-#include <omp.h>
+#include "core/parallel.h"
 
 namespace qpack {
 
@@ -126,17 +124,9 @@ void min_max_range(const float* x, int64_t n, float* lo_out, float* hi_out, int6
 void quantize_u8_array(const float* x, int64_t n, QParams q, uint8_t* out) {
   const float inv_scale = 1.0f / q.scale;
   const float zp = static_cast<float>(q.zero_point);
-  const int threads = num_threads();
-  if (threads <= 1 || n < kParallelGrain) {
-    quantize_range(x, n, inv_scale, zp, out);
-    return;
-  }
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t begin = n * t / nt, end = n * (t + 1) / nt;
+  parallel_chunks(n, kParallelGrain, num_threads(), [&](int, int64_t begin, int64_t end) {
     quantize_range(x + begin, end - begin, inv_scale, zp, out + begin);
-  }
+  });
 }
 
 void min_max(const float* x, int64_t n, float* min_out, float* max_out) {
@@ -144,29 +134,29 @@ void min_max(const float* x, int64_t n, float* min_out, float* max_out) {
     *min_out = *max_out = 0.0f;
     return;
   }
-  float lo, hi;
-  int64_t nans;
   const int threads = num_threads();
-  if (threads <= 1 || n < kParallelGrain) {
-    min_max_range(x, n, &lo, &hi, &nans);
-  } else {
-    std::vector<float> los(threads, x[0]), his(threads, x[0]);
-    std::vector<int64_t> counts(threads, 0);
-#pragma omp parallel num_threads(threads)
-    {
-      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-      const int64_t begin = n * t / nt, end = n * (t + 1) / nt;
-      if (end > begin) min_max_range(x + begin, end - begin, &los[t], &his[t], &counts[t]);
-    }
-    lo = *std::min_element(los.begin(), los.end());
-    hi = *std::max_element(his.begin(), his.end());
-    nans = 0;
-    for (int64_t c : counts) nans += c;
-  }
+  std::vector<float> los(threads, x[0]), his(threads, x[0]);
+  std::vector<int64_t> counts(threads, 0);
+  const int chunks = parallel_chunks(n, kParallelGrain, threads, [&](int t, int64_t begin, int64_t end) {
+    if (end > begin) min_max_range(x + begin, end - begin, &los[t], &his[t], &counts[t]);
+  });
+  const float lo = *std::min_element(los.begin(), los.begin() + chunks);
+  const float hi = *std::max_element(his.begin(), his.begin() + chunks);
+  int64_t nans = 0;
+  for (int t = 0; t < chunks; ++t) nans += counts[t];
   check(nans == 0 && std::isfinite(lo) && std::isfinite(hi), QPACK_STATUS_INVALID_ARGUMENT,
         "dynamic quantization needs finite input; the input holds NaN or infinity");
   *min_out = lo;
   *max_out = hi;
+}
+
+DynamicInput quantize_dynamic(const float* x, int64_t n) {
+  float lo, hi;
+  min_max(x, n, &lo, &hi);
+  const QParams q = choose_qparams_u8(lo, hi);
+  uint8_t* data = quantize_buffer(static_cast<size_t>(n));
+  quantize_u8_array(x, n, q, data);
+  return DynamicInput{data, q};
 }
 
 }  // namespace qpack

@@ -14,10 +14,10 @@ inline void check_scale(float scale, const char* what, int64_t index) {
   if (!(std::isfinite(scale) && scale > 0.0f && std::isnormal(scale))) {
     if (index >= 0) {
       fail(QPACK_STATUS_INVALID_ARGUMENT, what, "[", index, "] = ", scale,
-           " is not a valid scale: it must be finite, positive and normal");
+           " is not a valid scale: it must be a finite, positive, normal float32");
     }
     fail(QPACK_STATUS_INVALID_ARGUMENT, what, " = ", scale,
-         " is not a valid scale: it must be finite, positive and normal");
+         " is not a valid scale: it must be a finite, positive, normal float32");
   }
 }
 
@@ -63,7 +63,16 @@ std::vector<int32_t> quantize_bias_i32(const std::vector<float>& bias,
 void quantize_u8_array(const float* x, int64_t n, QParams q, uint8_t* out);
 // Per-thread scratch for quantized activations (grows, never shrinks, not zeroed).
 uint8_t* quantize_buffer(size_t size);
-// min/max over x [n]; (0, 0) for n == 0; NaN propagates as an error.
+// min/max over x [n]; (0, 0) for n == 0; NaN or infinity is an error.
 void min_max(const float* x, int64_t n, float* min_out, float* max_out);
+
+// A float input quantized for a dynamic int8 run: parameters chosen from its
+// range as PyTorch's dynamic quantization does, values in the calling
+// thread's quantize_buffer (valid until that thread's next call).
+struct DynamicInput {
+  const uint8_t* data;
+  QParams q;
+};
+DynamicInput quantize_dynamic(const float* x, int64_t n);
 
 }  // namespace qpack

@@ -4,8 +4,7 @@
 // into the layout the convolution primitive asks for (format_tag::any,
 // queried for a channels-last problem of a representative size) and reordered
 // back for unpack. Primitives are created per (batch, height, width, layouts)
-// against that fixed packed layout and kept in a small copy-on-write list;
-// runs take no lock. NCHW data goes straight to the primitive when oneDNN has
+// against that fixed packed layout (runtime.h's PrimCache); runs take no lock. NCHW data goes straight to the primitive when oneDNN has
 // an optimised kernel for it, and otherwise is reordered to channels-last
 // around the channels-last primitive. Every run uses a per-thread user-mode
 // scratchpad.
@@ -18,10 +17,7 @@
 // multiply (no int16 pair sums), so the fused primitive is exact there
 // (tests/python/test_no_vnni.py checks it with worst-case values).
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -30,10 +26,9 @@
 #include "backends/onednn/runtime.h"
 #include "core/conv.h"
 #include "core/error.h"
-#include "core/policy.h"
-#include "core/quant.h"
 
 namespace qpack {
+namespace onednn_rt {
 namespace {
 
 using dnnl::memory;
@@ -42,8 +37,8 @@ using tag = dnnl::memory::format_tag;
 
 // Packed weights in one oneDNN layout; immutable once published.
 struct Packed {
-  dnnl::memory::desc md;
-  dnnl::memory mem;
+  memory mem;
+  memory::desc md() const { return mem.get_desc(); }
 };
 
 struct Prim {
@@ -53,114 +48,80 @@ struct Prim {
   bool via_nhwc;  // reorder NCHW data to channels-last around the primitive
   dnnl::convolution_forward primitive;
   size_t scratch_size;
-  int threads = 0;  // oneDNN plans the parallel split at creation: key on it
 };
-using PrimList = std::vector<Prim>;
 
 tag layout_tag(qpack_layout l) { return l == QPACK_LAYOUT_NHWC ? tag::nhwc : tag::nchw; }
-
-bool needs_split(const ConvSpec& spec) {
-  const bool depthwise = spec.icg() == 1 && spec.ocg() == 1;
-  return spec.mode != QPACK_MODE_F32 && !depthwise && !onednn_rt::isa_has_vnni();
-}
 
 class OnednnConv final : public ConvKernel {
  public:
   OnednnConv(const ConvSpec& spec, const void* weight)
-      : spec_(spec), split_(needs_split(spec)) {
-    if (spec_.mode != QPACK_MODE_F32) {
-      for (int32_t zp : spec_.weight_zero_points) {
-        check(zp == 0, QPACK_STATUS_UNSUPPORTED,
-              "oneDNN int8 needs symmetric weights (zero point 0), got zero point ", zp,
-              "; use backend='qnnpack' for asymmetric weights");
-      }
-      wei_scales_ = spec_.weight_scales;
-    }
-    const auto& eng = onednn_rt::engine();
+      : ConvKernel(spec),
+        // Depthwise int8 kernels widen to 32 bits: exact without VNNI.
+        split_(spec.int8() && !spec.depthwise() && !isa_has_vnni()),
+        quant_(quant_of(spec, split_)) {
     try {
       // Pack for a representative channels-last problem; other shapes reuse the layout.
       const int64_t H = std::max<int64_t>(kPackSize, spec_.dil_h * (spec_.KH - 1) + 1);
       const int64_t W = std::max<int64_t>(kPackSize, spec_.dil_w * (spec_.KW - 1) + 1);
+      apply_num_threads();
       auto pd = make_pd(1, H, W, tag::nhwc, tag::nhwc, memory::desc(wei_dims(), wei_dt(), tag::any));
       packed_ = relayout_from_plain(weight, pd.weights_desc());
       if (with_bias()) {
-        bias_ = memory({{spec_.OC}, dt::f32, tag::a}, eng, const_cast<float*>(spec_.bias.data()));
+        bias_ = memory({{spec_.OC}, dt::f32, tag::a}, engine(), const_cast<float*>(spec_.bias.data()));
       }
     } catch (const dnnl::error& e) {
       fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN could not pack the convolution weight: ", e.what());
     }
-    prims_ = std::make_shared<const PrimList>();
-    counters_.states_built.fetch_add(1, std::memory_order_relaxed);
-  }
-
-  void run_f32(const ConvShape& s, const float* x, float* y) const override {
-    if (spec_.mode != QPACK_MODE_F32) ConvKernel::run_f32(s, x, y);
-    counters_.runs.fetch_add(1, std::memory_order_relaxed);
-    if (s.N == 0) return;
-    execute(s, const_cast<float*>(x), y, nullptr);
-  }
-
-  void run_u8(const ConvShape& s, const uint8_t* x, float input_scale, int32_t input_zero_point,
-              uint8_t* y) const override {
-    if (spec_.mode != QPACK_MODE_INT8_STATIC) ConvKernel::run_u8(s, x, 0, 0, y);
-    check_scale(input_scale, "input scale", -1);
-    check_u8_zero_point(input_zero_point, "input zero point");
-    counters_.runs.fetch_add(1, std::memory_order_relaxed);
-    counters_.cache_hits.fetch_add(1, std::memory_order_relaxed);
-    if (s.N == 0) return;
-    RunQuant rq{input_scale, input_zero_point, spec_.output_scale, spec_.output_zero_point};
-    if (!split_) {
-      execute(s, const_cast<uint8_t*>(x), y, &rq);
-      return;
-    }
-    const int64_t in = s.N * spec_.IC * s.H * s.W, out = s.N * spec_.OC * s.OH * s.OW;
-    const auto split = onednn_rt::split_input(x, in, input_zero_point, out);
-    RunQuant split_rq{1.0f, split.zero_point, 1.0f, 0};
-    ConvShape stacked = s;
-    stacked.N = 2 * s.N;
-    execute(stacked, split.halves, split.acc, &split_rq);
-    const onednn_rt::Epilogue e{input_scale, wei_scales_.data(), spec_.per_channel(),
-                                spec_.bias.empty() ? nullptr : spec_.bias.data(),
-                                spec_.clamp_min, spec_.clamp_max, spec_.output_scale,
-                                spec_.output_zero_point};
-    if (s.y_layout == QPACK_LAYOUT_NHWC) {
-      onednn_rt::epilogue_u8(split.acc, s.N * s.OH * s.OW, spec_.OC, 1, e, y);
-    } else {
-      onednn_rt::epilogue_u8(split.acc, s.N, spec_.OC, s.OH * s.OW, e, y);
-    }
+    counters_.built();
   }
 
   void unpack_weight(void* out) const override {
-    try {
-      const auto& eng = onednn_rt::engine();
-      memory plain(plain_md(), eng, out);
-      onednn_rt::apply_num_threads();
-      auto& strm = onednn_rt::stream();
-      auto packed = std::atomic_load(&packed_);
-      memory src = packed->mem;  // handles are shallow copies
-      dnnl::reorder(src, plain).execute(strm, src, plain);
-      strm.wait();
-      return;
-    } catch (const dnnl::error&) {
-      // A layout with extra terms (int8 compensation) that oneDNN will not
-      // reorder from: read the blocked values ourselves.
-    }
-    auto packed = std::atomic_load(&packed_);
-    onednn_rt::decode_blocked(packed->md, packed->mem.get_data_handle(), spec_.weight_elem_size(),
-                              out);
+    unpack(std::atomic_load(&packed_)->mem, memory(plain_md(), engine(), out),
+           spec_.weight_elem_size());
   }
 
   size_t nbytes_packed() const override {
     auto packed = std::atomic_load(&packed_);
-    size_t total = packed->md.get_size();
+    size_t total = packed->md().get_size();
     std::vector<const Packed*> seen{packed.get()};
-    for (const auto& p : *std::atomic_load(&prims_)) {  // private copies (see kMaxRelayouts)
-      if (std::find(seen.begin(), seen.end(), p.weights.get()) == seen.end()) {
-        seen.push_back(p.weights.get());
-        total += p.weights->md.get_size();
+    for (const auto& e : *prims_.entries()) {  // private copies (see kMaxRelayouts)
+      const Packed* w = e.second.weights.get();
+      if (std::find(seen.begin(), seen.end(), w) == seen.end()) {
+        seen.push_back(w);
+        total += w->md().get_size();
       }
     }
-    return total + spec_.bias.size() * sizeof(float) + wei_scales_.size() * sizeof(float);
+    return total + spec_.bias.size() * sizeof(float) +
+           (spec_.int8() ? spec_.weight_scales.size() * sizeof(float) : 0);
+  }
+
+ protected:
+  void do_run_f32(const ConvShape& s, const float* x, float* y) const override {
+    execute_conv(s, const_cast<float*>(x), y, nullptr);
+  }
+
+  void do_run_u8(const ConvShape& s, const uint8_t* x, float input_scale, int32_t input_zero_point,
+                 uint8_t* y) const override {
+    const RunQuant rq{input_scale, input_zero_point, spec_.output_scale, spec_.output_zero_point};
+    if (!split_) {
+      execute_conv(s, const_cast<uint8_t*>(x), y, &rq);
+      return;
+    }
+    const int64_t in = s.N * spec_.IC * s.H * s.W, out = s.N * spec_.OC * s.OH * s.OW;
+    const auto split = split_input(x, in, input_zero_point, out);
+    const RunQuant split_rq{1.0f, split.zero_point, 1.0f, 0};
+    ConvShape stacked = s;
+    stacked.N = 2 * s.N;
+    execute_conv(stacked, split.halves, split.acc, &split_rq);
+    const Epilogue e{input_scale, spec_.weight_scales.data(), spec_.per_channel(),
+                     spec_.bias.empty() ? nullptr : spec_.bias.data(),
+                     spec_.clamp_min, spec_.clamp_max, spec_.output_scale,
+                     spec_.output_zero_point};
+    if (s.y_layout == QPACK_LAYOUT_NHWC) {
+      epilogue_u8(split.acc, s.N * s.OH * s.OW, spec_.OC, 1, e, y);
+    } else {
+      epilogue_u8(split.acc, s.N, spec_.OC, s.OH * s.OW, e, y);
+    }
   }
 
  private:
@@ -173,15 +134,9 @@ class OnednnConv final : public ConvKernel {
 
   std::shared_ptr<const Packed> relayout_from_plain(const void* weight,
                                                     const memory::desc& md) const {
-    const auto& eng = onednn_rt::engine();
     auto packed = std::make_shared<Packed>();
-    packed->md = md;
-    packed->mem = memory(md, eng);
-    memory plain(plain_md(), eng, const_cast<void*>(weight));
-    onednn_rt::apply_num_threads();
-    auto& strm = onednn_rt::stream();
-    dnnl::reorder(plain, packed->mem).execute(strm, plain, packed->mem);
-    strm.wait();
+    packed->mem = memory(md, engine());
+    reorder(memory(plain_md(), engine(), const_cast<void*>(weight)), packed->mem);
     return packed;
   }
 
@@ -197,10 +152,8 @@ class OnednnConv final : public ConvKernel {
     return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
   }
 
-  using RunQuant = onednn_rt::RunQuant;
-
-  dt wei_dt() const { return spec_.mode == QPACK_MODE_F32 ? dt::f32 : dt::s8; }
-  dt act_dt() const { return spec_.mode == QPACK_MODE_F32 ? dt::f32 : dt::u8; }
+  dt wei_dt() const { return spec_.int8() ? dt::s8 : dt::f32; }
+  dt act_dt() const { return spec_.int8() ? dt::u8 : dt::f32; }
   dt dst_dt() const { return split_ ? dt::s32 : act_dt(); }
   bool with_bias() const { return !spec_.bias.empty() && !split_; }
   bool grouped() const { return spec_.groups > 1; }
@@ -218,29 +171,22 @@ class OnednnConv final : public ConvKernel {
                                                     const memory::desc& wei_md) const {
     int64_t OH, OW;
     spec_.output_size(H, W, &OH, &OW);
-    const auto attr = onednn_rt::make_attr(spec_.mode != QPACK_MODE_F32, split_, true,
-                                           spec_.per_channel() ? (grouped() ? 3 : 1) : 0,
-                                           spec_.clamp_min, spec_.clamp_max);
+    const auto attr = make_attr(quant_, spec_.per_channel() ? (grouped() ? 3 : 1) : 0,
+                                spec_.clamp_min, spec_.clamp_max);
     memory::desc src_md({N, spec_.IC, H, W}, act_dt(), x_tag);
     memory::desc dst_md({N, spec_.OC, OH, OW}, dst_dt(), y_tag);
     const memory::dims strides{spec_.stride_h, spec_.stride_w};
     const memory::dims dilates{spec_.dil_h - 1, spec_.dil_w - 1};
     const memory::dims pad_l{spec_.pad_t, spec_.pad_l}, pad_r{spec_.pad_b, spec_.pad_r};
-    const auto& eng = onednn_rt::engine();
     const auto pk = dnnl::prop_kind::forward_inference;
     const auto alg = dnnl::algorithm::convolution_direct;
     if (!with_bias()) {
-      return dnnl::convolution_forward::primitive_desc(eng, pk, alg, src_md, wei_md, dst_md,
+      return dnnl::convolution_forward::primitive_desc(engine(), pk, alg, src_md, wei_md, dst_md,
                                                        strides, dilates, pad_l, pad_r, attr);
     }
     memory::desc bia_md({spec_.OC}, dt::f32, tag::a);
-    return dnnl::convolution_forward::primitive_desc(eng, pk, alg, src_md, wei_md, bia_md, dst_md,
-                                                     strides, dilates, pad_l, pad_r, attr);
-  }
-
-  static bool matches(const Prim& p, const ConvShape& s) {
-    return p.N == s.N && p.H == s.H && p.W == s.W && p.x_layout == s.x_layout &&
-           p.y_layout == s.y_layout && p.threads == num_threads();
+    return dnnl::convolution_forward::primitive_desc(engine(), pk, alg, src_md, wei_md, bia_md,
+                                                     dst_md, strides, dilates, pad_l, pad_r, attr);
   }
 
   // Every primitive is the one oneDNN picks when free to choose the weight
@@ -248,135 +194,96 @@ class OnednnConv final : public ConvKernel {
   // fall back to its reference kernel (100x slower) or, for int8, to a
   // non-VNNI kernel that expects weights packed differently (wrong results).
   // When the best kernel for a shape wants another layout, the weights are
-  // re-packed from the packed form.
-  // Called under build_mutex_; sets *relaid when it publishes a new packed_
-  // (the caller then drops primitives built on the old layout).
+  // re-packed from the packed form. Called under the cache's lock; sets
+  // *relaid when it publishes a new packed_ (older primitives are then dropped).
   Prim build(const ConvShape& s, bool* relaid) const {
-    auto packed = std::atomic_load(&packed_);
-    const memory::desc any(wei_dims(), wei_dt(), tag::any);
-    const bool plain_nchw = s.x_layout == QPACK_LAYOUT_NCHW || s.y_layout == QPACK_LAYOUT_NCHW;
-    if (plain_nchw) {
-      try {
-        auto best = make_pd(s.N, s.H, s.W, layout_tag(s.x_layout), layout_tag(s.y_layout), any);
-        if (!is_reference(best) && best.weights_desc() == packed->md) {
-          return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, false,
-                      dnnl::convolution_forward(best), best.scratchpad_desc().get_size()};
-        }
-      } catch (const dnnl::error&) {
-        // fall through to the channels-last primitive
-      }
-    }
-    auto best = make_pd(s.N, s.H, s.W, tag::nhwc, tag::nhwc, any);
-    if (!(best.weights_desc() == packed->md)) {
-      // Re-pack (copy-on-write) or, past kMaxRelayouts, keep a private copy.
-      auto moved = relayout(best.weights_desc());
-      if (relayouts_ < kMaxRelayouts) {
-        ++relayouts_;
-        std::atomic_store(&packed_, moved);
-        *relaid = true;
-      }
-      counters_.states_built.fetch_add(1, std::memory_order_relaxed);
-      packed = moved;
-    }
-    return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, plain_nchw,
-                dnnl::convolution_forward(best), best.scratchpad_desc().get_size()};
-  }
-
-  // Lock-free lookup; builders take build_mutex_ and publish a new list.
-  const Prim& prim_for(const ConvShape& s, std::shared_ptr<const PrimList>& hold) const {
-    hold = std::atomic_load(&prims_);
-    for (const auto& p : *hold) {
-      if (matches(p, s)) return p;
-    }
-    std::lock_guard<std::mutex> lock(build_mutex_);
-    hold = std::atomic_load(&prims_);
-    for (const auto& p : *hold) {
-      if (matches(p, s)) return p;
-    }
-    auto next = std::make_shared<PrimList>();
-    bool relaid = false;
     try {
-      onednn_rt::apply_num_threads();
-      next->push_back(build(s, &relaid));
-      next->back().threads = num_threads();
+      auto packed = std::atomic_load(&packed_);
+      const memory::desc any(wei_dims(), wei_dt(), tag::any);
+      const bool plain_nchw = s.x_layout == QPACK_LAYOUT_NCHW || s.y_layout == QPACK_LAYOUT_NCHW;
+      if (plain_nchw) {
+        try {
+          auto best = make_pd(s.N, s.H, s.W, layout_tag(s.x_layout), layout_tag(s.y_layout), any);
+          if (!is_reference(best) && best.weights_desc() == packed->md()) {
+            return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, false,
+                        dnnl::convolution_forward(best), best.scratchpad_desc().get_size()};
+          }
+        } catch (const dnnl::error&) {
+          // fall through to the channels-last primitive
+        }
+      }
+      auto best = make_pd(s.N, s.H, s.W, tag::nhwc, tag::nhwc, any);
+      if (!(best.weights_desc() == packed->md())) {
+        // Re-pack (copy-on-write) or, past kMaxRelayouts, keep a private copy.
+        auto moved = relayout(best.weights_desc());
+        if (relayouts_ < kMaxRelayouts) {
+          ++relayouts_;
+          std::atomic_store(&packed_, moved);
+          *relaid = true;
+        }
+        counters_.built();
+        packed = moved;
+      }
+      return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, plain_nchw,
+                  dnnl::convolution_forward(best), best.scratchpad_desc().get_size()};
     } catch (const dnnl::error& e) {
       fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN has no convolution for input ", s.N, "x",
            spec_.IC, "x", s.H, "x", s.W, " with the packed weight layout: ", e.what());
     }
-    for (const auto& p : *hold) {
-      if (relaid && p.weights != next->front().weights) {
-        // Built on the old layout: rebuilt on demand against the new one, so
-        // the old copy is freed once in-flight runs end.
-        continue;
-      }
-      if (next->size() >= kMaxPrims) {
-        counters_.evictions.fetch_add(1, std::memory_order_relaxed);
-        break;
-      }
-      next->push_back(p);
-    }
-    std::shared_ptr<const PrimList> published = std::move(next);
-    std::atomic_store(&prims_, published);
-    hold = published;
-    return hold->front();
   }
 
-  void execute(const ConvShape& s, void* src, void* dst, const RunQuant* rq) const {
-    std::shared_ptr<const PrimList> hold;
-    const Prim& prim = prim_for(s, hold);
-    try {
-      const auto& eng = onednn_rt::engine();
-      const memory::dims src_dims{s.N, spec_.IC, s.H, s.W}, dst_dims{s.N, spec_.OC, s.OH, s.OW};
-      memory src_user({src_dims, act_dt(), layout_tag(s.x_layout)}, eng, src);
-      memory dst_user({dst_dims, dst_dt(), layout_tag(s.y_layout)}, eng, dst);
-      memory src_m = src_user, dst_m = dst_user;
-      std::vector<uint8_t> src_tmp, dst_tmp;  // channels-last copies (via_nhwc only)
-      onednn_rt::apply_num_threads();
-      auto& strm = onednn_rt::stream();
-      if (prim.via_nhwc && s.x_layout == QPACK_LAYOUT_NCHW) {
-        memory::desc md(src_dims, act_dt(), tag::nhwc);
-        src_tmp.resize(md.get_size());
-        src_m = memory(md, eng, src_tmp.data());
-        dnnl::reorder(src_user, src_m).execute(strm, src_user, src_m);
-      }
-      if (prim.via_nhwc && s.y_layout == QPACK_LAYOUT_NCHW) {
-        memory::desc md(dst_dims, dst_dt(), tag::nhwc);
-        dst_tmp.resize(md.get_size());
-        dst_m = memory(md, eng, dst_tmp.data());
-      }
-      std::unordered_map<int, memory> args{
-          {DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, prim.weights->mem}, {DNNL_ARG_DST, dst_m}};
-      if (with_bias()) args.emplace(DNNL_ARG_BIAS, bias_);
-      if (prim.scratch_size > 0) {
-        memory::desc sd({static_cast<int64_t>(prim.scratch_size)}, dt::u8, tag::a);
-        args.emplace(DNNL_ARG_SCRATCHPAD,
-                     memory(sd, eng, onednn_rt::scratchpad(prim.scratch_size)));
-      }
-      if (rq != nullptr) {  // split: the epilogue applies the scales
-        onednn_rt::add_quant_args(args, *rq, wei_scales_, !split_, true);
-      }
-      prim.primitive.execute(strm, args);
-      if (!dst_tmp.empty()) dnnl::reorder(dst_m, dst_user).execute(strm, dst_m, dst_user);
-      strm.wait();
-    } catch (const dnnl::error& e) {
-      fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN convolution failed: ", e.what());
+  void execute_conv(const ConvShape& s, void* src, void* dst, const RunQuant* rq) const {
+    std::shared_ptr<const PrimCache<Prim>::List> hold;
+    bool relaid = false;
+    const Prim& prim = prims_.get(
+        [&s](const Prim& p) {
+          return p.N == s.N && p.H == s.H && p.W == s.W && p.x_layout == s.x_layout &&
+                 p.y_layout == s.y_layout;
+        },
+        [&] { return build(s, &relaid); },
+        // Primitives built on a replaced layout are rebuilt on demand, so the
+        // old copy is freed once in-flight runs end.
+        [&relaid](const Prim& old, const Prim& fresh) {
+          return !relaid || old.weights == fresh.weights;
+        },
+        hold);
+    const memory::dims src_dims{s.N, spec_.IC, s.H, s.W}, dst_dims{s.N, spec_.OC, s.OH, s.OW};
+    memory src_user({src_dims, act_dt(), layout_tag(s.x_layout)}, engine(), src);
+    memory dst_user({dst_dims, dst_dt(), layout_tag(s.y_layout)}, engine(), dst);
+    memory src_m = src_user, dst_m = dst_user;
+    // Channels-last copies (via_nhwc only) in per-thread buffers.
+    const bool copy_src = prim.via_nhwc && s.x_layout == QPACK_LAYOUT_NCHW;
+    const bool copy_dst = prim.via_nhwc && s.y_layout == QPACK_LAYOUT_NCHW;
+    if (copy_src) {
+      memory::desc md(src_dims, act_dt(), tag::nhwc);
+      src_m = memory(md, engine(), thread_buffer(ThreadBuffer::nhwc_src, md.get_size()));
+      reorder(src_user, src_m);
     }
+    if (copy_dst) {
+      memory::desc md(dst_dims, dst_dt(), tag::nhwc);
+      dst_m = memory(md, engine(), thread_buffer(ThreadBuffer::nhwc_dst, md.get_size()));
+    }
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, prim.weights->mem}, {DNNL_ARG_DST, dst_m}};
+    if (with_bias()) args.emplace(DNNL_ARG_BIAS, bias_);
+    if (rq != nullptr) add_quant_args(args, quant_, *rq, spec_.weight_scales);
+    execute(prim.primitive, args, prim.scratch_size, "convolution");
+    if (copy_dst) reorder(dst_m, dst_user);
   }
 
-  ConvSpec spec_;
   const bool split_;  // int8 without VNNI: split input, s32 primitive, C++ epilogue
+  const Quant quant_;
   mutable std::shared_ptr<const Packed> packed_;  // atomic_load/store only
-  mutable int relayouts_ = 0;                     // guarded by build_mutex_
+  mutable int relayouts_ = 0;                     // guarded by the cache's lock
   memory bias_;
-  std::vector<float> wei_scales_;
-  mutable std::shared_ptr<const PrimList> prims_;  // atomic_load/store only
-  mutable std::mutex build_mutex_;
+  PrimCache<Prim> prims_{counters_, kMaxPrims};
 };
 
 }  // namespace
 
-std::unique_ptr<ConvKernel> make_onednn_conv(const ConvSpec& spec, const void* weight) {
+std::unique_ptr<ConvKernel> make_conv(const ConvSpec& spec, const void* weight) {
   return std::make_unique<OnednnConv>(spec, weight);
 }
 
+}  // namespace onednn_rt
 }  // namespace qpack

@@ -22,7 +22,7 @@ struct Buffer {
   std::unique_ptr<void, FreeDeleter> data;
   size_t size = 0;
 };
-thread_local Buffer t_buffers[2];  // indexed by ThreadBuffer
+thread_local Buffer t_buffers[static_cast<int>(ThreadBuffer::count)];
 thread_local std::unique_ptr<dnnl::stream> t_stream;
 
 const char* isa_name(dnnl::cpu_isa isa) {
@@ -43,6 +43,18 @@ const char* isa_name(dnnl::cpu_isa isa) {
 }
 }  // namespace
 
+BackendOps ops() {
+  constexpr unsigned f32 = 1u << QPACK_MODE_F32, stat = 1u << QPACK_MODE_INT8_STATIC,
+                     dyn = 1u << QPACK_MODE_INT8_DYNAMIC;
+  BackendOps o;
+  o.available = [] { return true; };
+  o.describe = describe;
+  o.asymmetric_weights = false;  // u8 x s8 with weight zero point 0 only
+  o.linear = {f32 | stat | dyn, make_linear};
+  o.conv2d = {f32 | stat, make_conv};
+  return o;
+}
+
 const dnnl::engine& engine() {
   static const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   return eng;
@@ -59,8 +71,7 @@ void* thread_buffer(ThreadBuffer which, size_t size) {
   if (b.size < size) {
     void* p = nullptr;
     check(posix_memalign(&p, 64, size) == 0 && p != nullptr, QPACK_STATUS_OUT_OF_MEMORY,
-          "could not allocate a ", size, "-byte oneDNN ",
-          which == ThreadBuffer::scratchpad ? "scratchpad" : "int8 split buffer");
+          "could not allocate a ", size, "-byte oneDNN work buffer");
     b.data.reset(p);
     b.size = size;
   }
@@ -95,23 +106,104 @@ std::string describe() {
   return os.str();
 }
 
-void add_quant_args(std::unordered_map<int, dnnl::memory>& args, const RunQuant& q,
-                    const std::vector<float>& wei_scales, bool scales, bool dst) {
+Quant quant_of(const OpSpec& spec, bool split) {
+  if (!spec.int8()) return Quant::none;
+  if (split) return Quant::split;
+  return spec.static_int8() ? Quant::static_out : Quant::dynamic;
+}
+
+dnnl::primitive_attr make_attr(Quant quant, int wei_scale_mask, float clamp_min,
+                               float clamp_max) {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  auto src_zero_point = [&] { attr.set_zero_points_mask(DNNL_ARG_SRC, 0); };
+  auto src_wei_scales = [&] {
+    attr.set_scales_mask(DNNL_ARG_SRC, 0);
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, wei_scale_mask);
+  };
+  auto dst_quant = [&] {
+    attr.set_scales_mask(DNNL_ARG_DST, 0);
+    attr.set_zero_points_mask(DNNL_ARG_DST, 0);
+  };
+  auto clamp_post_op = [&] {
+    const bool lo = !std::isinf(clamp_min), hi = !std::isinf(clamp_max);
+    if (!lo && !hi) return;
+    dnnl::post_ops po;
+    if (lo && clamp_min == 0.0f && !hi) {
+      po.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    } else {
+      po.append_eltwise(dnnl::algorithm::eltwise_clip, lo ? clamp_min : -3.0e38f,
+                        hi ? clamp_max : 3.0e38f);
+    }
+    attr.set_post_ops(po);
+  };
+  switch (quant) {
+    case Quant::none: clamp_post_op(); break;
+    case Quant::split: src_zero_point(); break;  // the epilogue does the rest
+    case Quant::dynamic: src_wei_scales(); src_zero_point(); clamp_post_op(); break;
+    case Quant::static_out:
+      src_wei_scales(); src_zero_point(); dst_quant(); clamp_post_op(); break;
+  }
+  return attr;
+}
+
+void add_quant_args(std::unordered_map<int, dnnl::memory>& args, Quant quant, const RunQuant& q,
+                    const std::vector<float>& wei_scales) {
   using dnnl::memory;
+  if (quant == Quant::none) return;
   const auto& eng = engine();
   const memory::desc f1({1}, memory::data_type::f32, memory::format_tag::a);
   const memory::desc i1({1}, memory::data_type::s32, memory::format_tag::a);
   auto& m = const_cast<RunQuant&>(q);
   args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, memory(i1, eng, &m.src_zp));
-  if (!scales) return;
+  if (quant == Quant::split) return;
   args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, memory(f1, eng, &m.src_scale));
   const memory::desc ws({static_cast<int64_t>(wei_scales.size())}, memory::data_type::f32,
                         memory::format_tag::a);
   args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS,
                memory(ws, eng, const_cast<float*>(wei_scales.data())));
-  if (!dst) return;
+  if (quant != Quant::static_out) return;
   args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, memory(f1, eng, &m.dst_scale));
   args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, memory(i1, eng, &m.dst_zp));
+}
+
+void execute(const dnnl::primitive& prim, std::unordered_map<int, dnnl::memory>& args,
+             size_t scratch_size, const char* what) {
+  using dnnl::memory;
+  try {
+    if (scratch_size > 0) {
+      memory::desc sd({static_cast<int64_t>(scratch_size)}, memory::data_type::u8,
+                      memory::format_tag::a);
+      args.emplace(DNNL_ARG_SCRATCHPAD,
+                   memory(sd, engine(), thread_buffer(ThreadBuffer::scratchpad, scratch_size)));
+    }
+    apply_num_threads();
+    auto& strm = stream();
+    prim.execute(strm, args);
+    strm.wait();
+  } catch (const dnnl::error& e) {
+    fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN ", what, " failed: ", e.what());
+  }
+}
+
+void reorder(const dnnl::memory& src, const dnnl::memory& dst) {
+  apply_num_threads();
+  auto& strm = stream();
+  dnnl::memory s = src, d = dst;  // handles are shallow copies
+  dnnl::reorder(s, d).execute(strm, s, d);
+  strm.wait();
+}
+
+void unpack(const dnnl::memory& packed, const dnnl::memory& plain, size_t elem_size) {
+  try {
+    reorder(packed, plain);
+    return;
+  } catch (const dnnl::error&) {
+    // A layout with extra terms (int8 compensation) that oneDNN will not
+    // reorder from: read the blocked values ourselves.
+  }
+  decode_blocked(packed.get_desc(), packed.get_data_handle(), elem_size,
+                 plain.get_data_handle());
 }
 
 void decode_blocked(const dnnl::memory::desc& md, const void* data, size_t elem_size,
@@ -148,37 +240,6 @@ void decode_blocked(const dnnl::memory::desc& md, const void* data, size_t elem_
       idx[d] = 0;
     }
   }
-}
-
-dnnl::primitive_attr make_attr(bool int8, bool split, bool static_out, int wei_scale_mask,
-                               float clamp_min, float clamp_max) {
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (split) {
-    attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
-    return attr;
-  }
-  if (int8) {
-    attr.set_scales_mask(DNNL_ARG_SRC, 0);
-    attr.set_scales_mask(DNNL_ARG_WEIGHTS, wei_scale_mask);
-    attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
-    if (static_out) {
-      attr.set_scales_mask(DNNL_ARG_DST, 0);
-      attr.set_zero_points_mask(DNNL_ARG_DST, 0);
-    }
-  }
-  const bool lo = !std::isinf(clamp_min), hi = !std::isinf(clamp_max);
-  if (lo || hi) {
-    dnnl::post_ops po;
-    if (lo && clamp_min == 0.0f && !hi) {
-      po.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-    } else {
-      po.append_eltwise(dnnl::algorithm::eltwise_clip, lo ? clamp_min : -3.0e38f,
-                        hi ? clamp_max : 3.0e38f);
-    }
-    attr.set_post_ops(po);
-  }
-  return attr;
 }
 
 }  // namespace onednn_rt

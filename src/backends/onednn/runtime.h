@@ -1,26 +1,42 @@
-// oneDNN process state: the CPU engine, per-thread streams and scratchpads.
+// oneDNN's shared machinery in qpack: the engine, per-thread streams and
+// buffers, primitive attributes, runtime quantization arguments, the bounded
+// primitive cache, and the inverse of a blocked layout. Every oneDNN op file
+// (linear.cc, conv.cc) builds on this one.
 #pragma once
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "core/error.h"
+#include "core/op.h"
+#include "core/policy.h"
+#include "core/registry.h"
+
 namespace qpack {
 namespace onednn_rt {
+
+// The registry entry (backends/registry.cc), and the op factories it lists.
+BackendOps ops();
+std::unique_ptr<LinearKernel> make_linear(const LinearSpec& spec, const void* weight);
+std::unique_ptr<ConvKernel> make_conv(const ConvSpec& spec, const void* weight);
 
 const dnnl::engine& engine();
 // Stream for the calling thread (streams are not shared across threads).
 dnnl::stream& stream();
 // Per-thread buffers of the calling thread, at least `size` bytes, 64-byte
 // aligned, growing and never shrinking: the user-mode scratchpad (no shared
-// mutable scratch between concurrent runs) and int8_split.h's buffer.
-enum class ThreadBuffer { scratchpad = 0, split = 1 };
+// mutable scratch between concurrent runs), int8_split.h's buffer, and the
+// channels-last copies of a convolution's input and output.
+enum class ThreadBuffer { scratchpad = 0, split, nhwc_src, nhwc_dst, count };
 void* thread_buffer(ThreadBuffer which, size_t size);
-inline void* scratchpad(size_t size) { return thread_buffer(ThreadBuffer::scratchpad, size); }
 // True when the effective ISA (after ONEDNN_MAX_CPU_ISA) has VNNI or AMX, so
 // oneDNN's u8 x s8 int8 kernels do not saturate (see int8_split.h).
 bool isa_has_vnni();
@@ -28,31 +44,110 @@ bool isa_has_vnni();
 void apply_num_threads();
 std::string describe();
 
-// Quantization parameters of one int8 run.
-// Attributes of a qpack primitive: user scratchpad; for int8, runtime scales
-// and zero points (weight scales with `wei_scale_mask`; destination ones only
-// when `static_out`); the fused clamp as a post-op. In split mode (int8
-// without VNNI) only the source zero point: the epilogue does the rest.
-dnnl::primitive_attr make_attr(bool int8, bool split, bool static_out, int wei_scale_mask,
-                               float clamp_min, float clamp_max);
+// How a primitive takes its quantization parameters.
+enum class Quant {
+  none,        // f32
+  split,       // int8 without VNNI: source zero point only, s32 out, epilogue in C++
+  dynamic,     // u8 x s8 -> f32: source scale and zero point, weight scales
+  static_out,  // u8 x s8 -> u8: as dynamic, plus destination scale and zero point
+};
+Quant quant_of(const OpSpec& spec, bool split);
 
+// Attributes of a qpack primitive, set by name: a user-mode scratchpad
+// always; runtime scales and zero points by Quant; the fused clamp as a
+// post-op (not in split mode: the epilogue clamps).
+dnnl::primitive_attr make_attr(Quant quant, int wei_scale_mask, float clamp_min,
+                               float clamp_max);
+
+// Quantization parameters of one run.
 struct RunQuant {
   float src_scale;
   int32_t src_zp;
   float dst_scale;
   int32_t dst_zp;
 };
-// Adds q's runtime arguments to a primitive's: the source zero point always;
-// with `scales`, the source and weight scales; with `dst`, the destination's
-// scale and zero point too. The memories point into q and wei_scales, which
-// must outlive the execution.
-void add_quant_args(std::unordered_map<int, dnnl::memory>& args, const RunQuant& q,
-                    const std::vector<float>& wei_scales, bool scales, bool dst);
+// Adds q's runtime arguments for `quant` (as make_attr declared them). The
+// memories point into q and wei_scales, which must outlive the execution.
+void add_quant_args(std::unordered_map<int, dnnl::memory>& args, Quant quant, const RunQuant& q,
+                    const std::vector<float>& wei_scales);
+
+// Executes a primitive on the calling thread's stream with qpack's thread
+// count and a per-thread scratchpad of scratch_size bytes; a oneDNN error
+// becomes BACKEND_ERROR naming `what`.
+void execute(const dnnl::primitive& prim, std::unordered_map<int, dnnl::memory>& args,
+             size_t scratch_size, const char* what);
+// Reorders src into dst on the calling thread's stream.
+void reorder(const dnnl::memory& src, const dnnl::memory& dst);
 
 // Copies the values of a blocked oneDNN memory (any number of dimensions,
 // nested inner blocks, extra compensation terms ignored) into dense row-major
 // order of its logical dims. For layouts oneDNN will not reorder from.
 void decode_blocked(const dnnl::memory::desc& md, const void* data, size_t elem_size, void* out);
+// Reads packed weights back into `plain` (their plain layout): a reorder, or
+// decode_blocked where oneDNN will not reorder (int8 compensation terms).
+void unpack(const dnnl::memory& packed, const dnnl::memory& plain, size_t elem_size);
+
+// Primitives of one packed op, created per run shape and thread count
+// (oneDNN fixes a primitive's parallel split at creation), in a bounded
+// copy-on-write list: lookups take no lock; builders take a mutex and
+// publish a new list. `Entry` is the op's primitive with its shape key.
+template <typename Entry>
+class PrimCache {
+ public:
+  using List = std::vector<std::pair<int, Entry>>;  // (threads, entry)
+
+  PrimCache(Counters& counters, size_t capacity)
+      : counters_(counters), capacity_(capacity), list_(std::make_shared<const List>()) {}
+
+  // The entry for which matches(entry) holds at this thread count, or the
+  // one build() makes (under the lock; build may throw). keep(old, fresh)
+  // says whether an older entry stays once `fresh` is added. `hold` keeps
+  // the returned entry alive.
+  template <typename Matches, typename Build, typename Keep>
+  const Entry& get(const Matches& matches, const Build& build, const Keep& keep,
+                   std::shared_ptr<const List>& hold) const {
+    const int threads = num_threads();
+    if (const Entry* e = find(matches, threads, hold)) return *e;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (const Entry* e = find(matches, threads, hold)) return *e;
+    auto next = std::make_shared<List>();
+    apply_num_threads();
+    next->emplace_back(threads, build());
+    for (const auto& old : *hold) {
+      if (!keep(old.second, next->front().second)) continue;
+      if (next->size() >= capacity_) {
+        counters_.evicted();
+        continue;
+      }
+      next->push_back(old);
+    }
+    std::shared_ptr<const List> published = std::move(next);
+    std::atomic_store(&list_, published);
+    hold = std::move(published);
+    return hold->front().second;
+  }
+
+  // Every entry now (for byte counts).
+  std::shared_ptr<const List> entries() const { return std::atomic_load(&list_); }
+
+ private:
+  template <typename Matches>
+  const Entry* find(const Matches& matches, int threads, std::shared_ptr<const List>& hold) const {
+    hold = std::atomic_load(&list_);
+    for (const auto& e : *hold) {
+      if (e.first == threads && matches(e.second)) {
+        counters_.hit();
+        return &e.second;
+      }
+    }
+    return nullptr;
+  }
+
+  Counters& counters_;
+  const size_t capacity_;
+  mutable std::shared_ptr<const List> list_;  // atomic_load/store only
+  mutable std::mutex mutex_;                  // builders only
+};
 
 }  // namespace onednn_rt
 }  // namespace qpack

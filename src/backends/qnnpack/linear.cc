@@ -14,11 +14,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "backends/qnnpack/runtime.h"
@@ -28,103 +25,35 @@
 #include "core/quant.h"
 
 namespace qpack {
+namespace qnnpack_rt {
 namespace {
-
-using qnnpack_rt::BiasState;
 
 class QnnpackLinear final : public LinearKernel {
  public:
-  QnnpackLinear(const LinearSpec& spec, const void* weight) : spec_(spec) {
-    qnnpack_rt::ensure_initialized();
-    nr_ = qnnpack_rt::gemm_nr();
-    kr_ = qnnpack_rt::gemm_kr();
-    n_stride_ = (spec_.N + nr_ - 1) / nr_ * nr_;
-    k_stride_ = (spec_.K + kr_ - 1) / kr_ * kr_;
-    packed_size_ = static_cast<size_t>(n_stride_) * (k_stride_ + sizeof(int32_t));
-
-    const int64_t padded = n_stride_ + 8;
-    kernel_zero_points_.assign(padded, 128);
-    weight_scales_.assign(padded, 1.0f);
-    for (int64_t n = 0; n < spec_.N; ++n) {
-      kernel_zero_points_[n] = static_cast<uint8_t>(spec_.weight_zero_point(n) + 128);
-      weight_scales_[n] = spec_.weight_scale(n);
-    }
-
-    // QNNPACK wants uint8 weights: int8 + 128, as PyTorch does.
+  QnnpackLinear(const LinearSpec& spec, const void* weight)
+      : LinearKernel(spec),
+        nr_(gemm_nr()),
+        kr_(gemm_kr()),
+        n_stride_((spec.N + nr_ - 1) / nr_ * nr_),
+        k_stride_((spec.K + kr_ - 1) / kr_ * kr_),
+        packed_size_(static_cast<size_t>(n_stride_) * (k_stride_ + sizeof(int32_t))),
+        wq_(spec, spec.N, n_stride_ + 8) {
     const int8_t* w = static_cast<const int8_t*>(weight);
     std::vector<uint8_t> shifted(static_cast<size_t>(spec_.N * spec_.K));
-    for (size_t i = 0; i < shifted.size(); ++i) {
-      shifted[i] = static_cast<uint8_t>(static_cast<int32_t>(w[i]) + 128);
-    }
+    std::transform(w, w + shifted.size(), shifted.begin(), to_qnnpack_u8);
     std::vector<int32_t> qbias;
     float input_scale = 0.0f;
-    if (spec_.mode == QPACK_MODE_INT8_STATIC && spec_.input_scale > 0.0f) {
+    if (spec_.static_int8() && spec_.input_scale > 0.0f) {
       input_scale = spec_.input_scale;
       qbias = quantize_bias(input_scale);
     }
     // PackBMatrix only validates the requantization scales; the weight scales
     // are valid stand-ins for an unknown input scale.
     qnnpack::PackBMatrix packer(static_cast<size_t>(spec_.K), static_cast<size_t>(spec_.N),
-                                kernel_zero_points_.data(), weight_scales_.data(),
-                                shifted.data(), qbias.empty() ? nullptr : qbias.data());
-    check(packer.getPackedWeights() != nullptr, QPACK_STATUS_OUT_OF_MEMORY,
-          "QNNPACK could not allocate ", packed_size_, " bytes for packed weights");
-    auto state = std::make_shared<BiasState>();
-    state->input_scale = input_scale;
-    state->packed = qnnpack_rt::allocate_packed(packed_size_);
-    std::memcpy(state->packed.get(), packer.getPackedWeights(), packed_size_);
-    if (input_scale > 0.0f) state->requant_scales = requant_scales(input_scale);
-    states_.publish_first(std::move(state), packed_size_);
-  }
-
-  void run_u8(int64_t M, const uint8_t* x, float input_scale, int32_t input_zero_point,
-              uint8_t* y) const override {
-    if (spec_.mode != QPACK_MODE_INT8_STATIC) LinearKernel::run_u8(M, x, 0, 0, y);
-    check_scale(input_scale, "input scale", -1);
-    check_u8_zero_point(input_zero_point, "input zero point");
-    auto state = state_for(input_scale);
-    counters_.runs.fetch_add(1, std::memory_order_relaxed);
-    if (M == 0) return;
-    uint8_t qmin, qmax;
-    output_bounds_u8(spec_.clamp_min, spec_.clamp_max, spec_.output_scale,
-                     spec_.output_zero_point, &qmin, &qmax);
-    auto status = qnnpack::qnnpackLinear(
-        static_cast<size_t>(M), static_cast<size_t>(spec_.K), static_cast<size_t>(spec_.N),
-        static_cast<uint8_t>(input_zero_point), kernel_zero_points_.data(),
-        state->requant_scales.data(), static_cast<uint8_t>(spec_.output_zero_point), qmin, qmax,
-        x, static_cast<size_t>(spec_.K), state->packed.get(), y, static_cast<size_t>(spec_.N),
-        qnnpack_rt::thread_pool());
-    check(status == pytorch_qnnp_status_success, QPACK_STATUS_BACKEND_ERROR,
-          "qnnpackLinear failed with status ", static_cast<int>(status));
-  }
-
-  void run_f32(int64_t M, const float* x, float* y) const override {
-    if (spec_.mode != QPACK_MODE_INT8_DYNAMIC) LinearKernel::run_f32(M, x, y);
-    counters_.runs.fetch_add(1, std::memory_order_relaxed);
-    if (M == 0) return;
-    const int64_t count = M * spec_.K;
-    float lo, hi;
-    min_max(x, count, &lo, &hi);
-    QParams q = choose_qparams_u8(lo, hi);
-    uint8_t* qx = quantize_buffer(static_cast<size_t>(count));
-    quantize_u8_array(x, count, q, qx);
-    std::vector<float> dequant(weight_scales_.size());
-    for (size_t i = 0; i < dequant.size(); ++i) dequant[i] = weight_scales_[i] * q.scale;
-    std::vector<float> zero_bias;
-    const float* bias = spec_.bias.data();
-    if (spec_.bias.empty()) {
-      zero_bias.assign(static_cast<size_t>(n_stride_), 0.0f);
-      bias = zero_bias.data();
-    }
-    auto state = states_.latest();
-    auto status = qnnpack::qnnpackLinearDynamic(
-        static_cast<size_t>(M), static_cast<size_t>(spec_.K), static_cast<size_t>(spec_.N),
-        static_cast<uint8_t>(q.zero_point), kernel_zero_points_.data(), dequant.data(),
-        qx, static_cast<size_t>(spec_.K), state->packed.get(), bias, y,
-        static_cast<size_t>(spec_.N), qnnpack_rt::thread_pool());
-    check(status == pytorch_qnnp_status_success, QPACK_STATUS_BACKEND_ERROR,
-          "qnnpackLinearDynamic failed with status ", static_cast<int>(status));
-    clamp_f32(y, M * spec_.N);
+                                wq_.zero_points.data(), wq_.scales.data(), shifted.data(),
+                                qbias.empty() ? nullptr : qbias.data());
+    states_.publish_first(packer.getPackedWeights(), packed_size_, input_scale,
+                          input_scale > 0.0f ? requant(input_scale) : std::vector<float>());
   }
 
   void unpack_weight(void* out) const override {
@@ -136,15 +65,53 @@ class QnnpackLinear final : public LinearKernel {
       const uint8_t* block = base + static_cast<size_t>(n / nr_) * block_bytes +
                              nr_ * sizeof(int32_t) + static_cast<size_t>(n % nr_) * kr_;
       for (int64_t k = 0; k < spec_.K; ++k) {
-        uint8_t v = block[static_cast<size_t>(k / kr_) * nr_ * kr_ + k % kr_];
-        w[n * spec_.K + k] = static_cast<int8_t>(static_cast<int32_t>(v) - 128);
+        w[n * spec_.K + k] = from_qnnpack_u8(block[static_cast<size_t>(k / kr_) * nr_ * kr_ + k % kr_]);
       }
     }
   }
 
   size_t nbytes_packed() const override {
-    return states_.nbytes() + kernel_zero_points_.size() + weight_scales_.size() * 4 +
-           spec_.bias.size() * 4;
+    return states_.nbytes() + wq_.nbytes() + spec_.bias.size() * sizeof(float);
+  }
+
+ protected:
+  void do_run_u8(int64_t M, const uint8_t* x, float input_scale, int32_t input_zero_point,
+                 uint8_t* y) const override {
+    auto state = state_for(input_scale);
+    uint8_t qmin, qmax;
+    output_bounds_u8(spec_.clamp_min, spec_.clamp_max, spec_.output_scale,
+                     spec_.output_zero_point, &qmin, &qmax);
+    auto status = qnnpack::qnnpackLinear(
+        static_cast<size_t>(M), static_cast<size_t>(spec_.K), static_cast<size_t>(spec_.N),
+        static_cast<uint8_t>(input_zero_point), wq_.zero_points.data(),
+        state->requant_scales.data(), static_cast<uint8_t>(spec_.output_zero_point), qmin, qmax,
+        x, static_cast<size_t>(spec_.K), state->packed.get(), y, static_cast<size_t>(spec_.N),
+        thread_pool());
+    check(status == pytorch_qnnp_status_success, QPACK_STATUS_BACKEND_ERROR,
+          "qnnpackLinear failed with status ", static_cast<int>(status));
+  }
+
+  // Dynamic: the weights' bias slots are unused; the float bias is applied by the kernel.
+  void do_run_f32(int64_t M, const float* x, float* y) const override {
+    const DynamicInput in = quantize_dynamic(x, M * spec_.K);
+    std::vector<float> dequant(wq_.scales.size());
+    for (size_t i = 0; i < dequant.size(); ++i) dequant[i] = wq_.scales[i] * in.q.scale;
+    std::vector<float> zero_bias;
+    const float* bias = spec_.bias.data();
+    if (spec_.bias.empty()) {
+      zero_bias.assign(static_cast<size_t>(n_stride_), 0.0f);
+      bias = zero_bias.data();
+    }
+    auto state = states_.latest();
+    counters_.hit();  // one state serves every input scale
+    auto status = qnnpack::qnnpackLinearDynamic(
+        static_cast<size_t>(M), static_cast<size_t>(spec_.K), static_cast<size_t>(spec_.N),
+        static_cast<uint8_t>(in.q.zero_point), wq_.zero_points.data(), dequant.data(), in.data,
+        static_cast<size_t>(spec_.K), state->packed.get(), bias, y,
+        static_cast<size_t>(spec_.N), thread_pool());
+    check(status == pytorch_qnnp_status_success, QPACK_STATUS_BACKEND_ERROR,
+          "qnnpackLinearDynamic failed with status ", static_cast<int>(status));
+    clamp_f32(y, M * spec_.N);
   }
 
  private:
@@ -152,8 +119,8 @@ class QnnpackLinear final : public LinearKernel {
     return quantize_bias_i32(spec_.bias, spec_.weight_scales, input_scale, spec_.N);
   }
 
-  std::vector<float> requant_scales(float input_scale) const {
-    return qnnpack_rt::requant_scales(weight_scales_, spec_.N, input_scale, spec_.output_scale);
+  std::vector<float> requant(float input_scale) const {
+    return requant_scales(wq_.scales, spec_.N, input_scale, spec_.output_scale);
   }
 
   void clamp_f32(float* y, int64_t count) const {
@@ -169,25 +136,23 @@ class QnnpackLinear final : public LinearKernel {
 
   std::shared_ptr<const BiasState> state_for(float input_scale) const {
     return states_.get(
-        input_scale, spec_.N, [this](float s) { return requant_scales(s); },
+        input_scale, spec_.N, [this](float s) { return requant(s); },
         [this](float s) { return quantize_bias(s); }, [this](int64_t n) { return bias_offset(n); });
   }
 
-  LinearSpec spec_;
-  uint32_t nr_ = 0, kr_ = 0;
-  int64_t n_stride_ = 0, k_stride_ = 0;
-  size_t packed_size_ = 0;
-  std::vector<uint8_t> kernel_zero_points_;  // padded to n_stride + 8
-  std::vector<float> weight_scales_;         // padded to n_stride + 8
-  qnnpack_rt::BiasStates states_{counters_};
+  const uint32_t nr_, kr_;
+  const int64_t n_stride_, k_stride_;
+  const size_t packed_size_;
+  const WeightQuant wq_;
+  BiasStates states_{counters_};
 };
 
 }  // namespace
 
-std::unique_ptr<LinearKernel> make_qnnpack_linear(const LinearSpec& spec, const void* weight) {
-  check(spec.mode != QPACK_MODE_F32, QPACK_STATUS_UNSUPPORTED,
-        "QNNPACK has no float32 linear; use backend='onednn'");
+std::unique_ptr<LinearKernel> make_linear(const LinearSpec& spec, const void* weight) {
+  ensure_initialized();
   return std::make_unique<QnnpackLinear>(spec, weight);
 }
 
+}  // namespace qnnpack_rt
 }  // namespace qpack

@@ -81,6 +81,25 @@ pthreadpool_t thread_pool() {
   return t_pool.pool.get();
 }
 
+WeightQuant::WeightQuant(const OpSpec& spec, int64_t channels, int64_t padded)
+    : zero_points(static_cast<size_t>(padded), 128), scales(static_cast<size_t>(padded), 1.0f) {
+  for (int64_t n = 0; n < channels; ++n) {
+    zero_points[n] = static_cast<uint8_t>(spec.weight_zero_point(n) + 128);
+    scales[n] = spec.weight_scale(n);
+  }
+}
+
+BackendOps ops() {
+  constexpr unsigned stat = 1u << QPACK_MODE_INT8_STATIC, dyn = 1u << QPACK_MODE_INT8_DYNAMIC;
+  BackendOps o;
+  o.available = available;
+  o.describe = describe;
+  o.asymmetric_weights = true;  // per-channel uint8 kernel zero points
+  o.linear = {stat | dyn, make_linear};
+  o.conv2d = {stat, make_conv};
+  return o;
+}
+
 uint32_t gemm_nr() { return pytorch_qnnp_params.q8conv.nr; }
 uint32_t gemm_kr() { return pytorch_qnnp_params.q8conv.kr; }
 uint32_t gemm_mr() { return pytorch_qnnp_params.q8conv.mr; }

@@ -1,12 +1,28 @@
-// QNNPACK process state: one-time initialisation and per-thread thread pools.
+// QNNPACK's shared machinery in qpack: one-time initialisation, per-thread
+// thread pools, the padded per-channel weight quantization its kernels read,
+// and the registry entry. Every QNNPACK op file builds on this one (and on
+// states.h for the copy-on-write packed states).
 #pragma once
 
 #include <pthreadpool.h>
 
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
+
+#include "core/conv.h"
+#include "core/linear.h"
+#include "core/op.h"
+#include "core/registry.h"
 
 namespace qpack {
 namespace qnnpack_rt {
+
+// The registry entry (backends/registry.cc), and the op factories it lists.
+BackendOps ops();
+std::unique_ptr<LinearKernel> make_linear(const LinearSpec& spec, const void* weight);
+std::unique_ptr<ConvKernel> make_conv(const ConvSpec& spec, const void* weight);
 
 // Initialises QNNPACK once; throws qpack::Error(UNSUPPORTED) if it cannot run here.
 void ensure_initialized();
@@ -19,6 +35,20 @@ pthreadpool_t thread_pool();
 uint32_t gemm_nr();
 uint32_t gemm_kr();
 uint32_t gemm_mr();
+
+// Per-output-channel weight zero points (uint8: int8 + 128, as PyTorch
+// gives QNNPACK) and scales, padded to `padded` entries as QNNPACK's kernels
+// read past the last channel (padding: zero point 128, scale 1).
+struct WeightQuant {
+  WeightQuant(const OpSpec& spec, int64_t channels, int64_t padded);
+  std::vector<uint8_t> zero_points;
+  std::vector<float> scales;
+  size_t nbytes() const { return zero_points.size() + scales.size() * sizeof(float); }
+};
+
+// int8 -> uint8 (+128), the weight convention of QNNPACK's kernels.
+inline uint8_t to_qnnpack_u8(int8_t w) { return static_cast<uint8_t>(static_cast<int32_t>(w) + 128); }
+inline int8_t from_qnnpack_u8(uint8_t w) { return static_cast<int8_t>(static_cast<int32_t>(w) - 128); }
 
 }  // namespace qnnpack_rt
 }  // namespace qpack

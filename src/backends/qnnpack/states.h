@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/linear.h"  // LinearCounters
+#include "core/op.h"
 #include "core/quant.h"
 
 namespace qpack {
@@ -60,15 +60,25 @@ struct BiasState {
 
 class BiasStates {
  public:
-  explicit BiasStates(LinearCounters& counters) : counters_(counters) {}
+  explicit BiasStates(Counters& counters) : counters_(counters) {}
 
-  // The first state, packed by QNNPACK itself (packed_size bytes).
-  void publish_first(std::shared_ptr<const BiasState> state, size_t packed_size) {
+  // The first state: a copy of the packed_size bytes QNNPACK's packer made
+  // (null when it could not allocate), for input_scale (0: not known yet)
+  // with its requantization scales.
+  void publish_first(const void* packed_by_qnnpack, size_t packed_size, float input_scale,
+                     std::vector<float> requant_scales) {
+    check(packed_by_qnnpack != nullptr, QPACK_STATUS_OUT_OF_MEMORY, "QNNPACK could not allocate ",
+          packed_size, " bytes for packed weights");
+    auto state = std::make_shared<BiasState>();
+    state->input_scale = input_scale;
+    state->packed = allocate_packed(packed_size);
+    std::memcpy(state->packed.get(), packed_by_qnnpack, packed_size);
+    state->requant_scales = std::move(requant_scales);
     std::lock_guard<std::mutex> lock(mutex_);
     packed_size_ = packed_size;
     cache_.insert(cache_.begin(), state);
-    std::atomic_store(&latest_, std::move(state));
-    counters_.states_built.fetch_add(1, std::memory_order_relaxed);
+    std::atomic_store(&latest_, std::shared_ptr<const BiasState>(std::move(state)));
+    counters_.built();
   }
 
   std::shared_ptr<const BiasState> latest() const { return std::atomic_load(&latest_); }
@@ -83,13 +93,13 @@ class BiasStates {
                                        const Slot& slot) const {
     auto latest = std::atomic_load(&latest_);
     if (latest->input_scale == input_scale) {
-      counters_.cache_hits.fetch_add(1, std::memory_order_relaxed);
+      counters_.hit();
       return latest;
     }
     std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& s : cache_) {
       if (s->input_scale == input_scale) {
-        counters_.cache_hits.fetch_add(1, std::memory_order_relaxed);
+        counters_.hit();
         std::atomic_store(&latest_, s);
         return s;
       }
@@ -114,9 +124,9 @@ class BiasStates {
                  cache_.end());
     while (cache_.size() > kCapacity) {
       cache_.pop_back();
-      counters_.evictions.fetch_add(1, std::memory_order_relaxed);
+      counters_.evicted();
     }
-    counters_.states_built.fetch_add(1, std::memory_order_relaxed);
+    counters_.built();
     std::atomic_store(&latest_, published);
     return published;
   }
@@ -133,7 +143,7 @@ class BiasStates {
   static constexpr size_t kCapacity = 2;
 
   size_t packed_size_ = 0;  // set once by publish_first
-  LinearCounters& counters_;
+  Counters& counters_;
   mutable std::shared_ptr<const BiasState> latest_;  // atomic_load/store only
   mutable std::mutex mutex_;                         // builders only; guards cache_
   mutable std::vector<std::shared_ptr<const BiasState>> cache_;

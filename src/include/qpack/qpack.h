@@ -48,7 +48,8 @@ typedef enum qpack_status {
   QPACK_STATUS_UNSUPPORTED = 3,      /* valid, but this backend cannot do it */
   QPACK_STATUS_OUT_OF_MEMORY = 4,
   QPACK_STATUS_CLOSED = 5,           /* object was closed */
-  QPACK_STATUS_RELEASED = 6,         /* needs the released original */
+  /* 6 is reserved (was RELEASED: nothing needs a released original, unpack
+   * reconstructs it from the packed form). */
   QPACK_STATUS_BACKEND_ERROR = 7,    /* oneDNN or QNNPACK failed */
   QPACK_STATUS_INTERNAL = 8,
 } qpack_status;
@@ -97,9 +98,49 @@ QPACK_API int qpack_get_num_threads(void);
 QPACK_API int qpack_in_forked_child(void);
 
 QPACK_API int qpack_build_mobile(void); /* 1 when built with QPACK_MOBILE=ON */
+/* qpack's version, "MAJOR.MINOR.PATCH" (static storage). */
+QPACK_API const char* qpack_version(void);
+
+/* uint8 (scale, zero point) for activations in [min, max] (widened to hold
+ * 0), as PyTorch's ChooseQuantizationParams: what dynamic int8 layers use per
+ * call and what qpack.freeze calibrates static layers with. */
+QPACK_API qpack_status qpack_choose_qparams_u8(float min, float max, float* scale_out,
+                                               int32_t* zero_point_out);
+
+/* ---- backends ------------------------------------------------------------ */
+
+/* What a backend is and can do. Mode sets hold bit (1u << qpack_mode) for
+ * each mode the op supports on that backend. */
+typedef struct qpack_backend_info {
+  qpack_backend backend;
+  const char* name;       /* "onednn", "qnnpack": what users pass (static storage) */
+  int compiled;           /* built into this library */
+  int available;          /* compiled and usable on this CPU */
+  int asymmetric_weights; /* int8 weights may have nonzero zero points */
+  unsigned linear_modes;
+  unsigned conv2d_modes;
+} qpack_backend_info;
+
+/* Backends qpack knows, in the order AUTO prefers them (the first available
+ * one that supports the op and mode). */
+QPACK_API int qpack_backend_count(void);
+/* index in [0, qpack_backend_count()). */
+QPACK_API qpack_status qpack_backend_get_info(int index, qpack_backend_info* info_out);
 /* Writes a NUL-terminated, human-readable description into buf. */
 QPACK_API qpack_status qpack_backend_describe(qpack_backend backend, char* buf, size_t size);
 QPACK_API int qpack_backend_available(qpack_backend backend);
+
+/* Counters of one packed object (every op, every backend and mode). */
+typedef struct qpack_op_stats {
+  uint64_t states_built;  /* packed weight states built, the first pack included
+                             (QNNPACK: one per input scale; oneDNN convolution:
+                             one per weight layout a kernel asked for) */
+  uint64_t cache_hits;    /* runs that found everything they needed already
+                             built (QNNPACK: the state of their input scale;
+                             oneDNN: the primitive of their shape and thread count) */
+  uint64_t evictions;     /* entries dropped from a bounded cache (states, primitives) */
+  uint64_t runs;          /* run calls that passed the argument checks */
+} qpack_op_stats;
 
 /* ---- packed linear ----------------------------------------------------- */
 
@@ -127,6 +168,7 @@ typedef struct qpack_linear_params {
 /* Fill params with defaults (no clamp, AUTO backend, DEFAULT retain). */
 QPACK_API void qpack_linear_params_init(qpack_linear_params* params);
 
+/* After close, get_info still succeeds: closed = 1 and every other field 0. */
 typedef struct qpack_linear_info {
   int64_t in_features, out_features;
   qpack_mode mode;
@@ -139,12 +181,7 @@ typedef struct qpack_linear_info {
   size_t nbytes_original; /* bytes of original weights held (0 after release) */
 } qpack_linear_info;
 
-typedef struct qpack_linear_stats {
-  uint64_t states_built;  /* packed states built (first pack included) */
-  uint64_t cache_hits;    /* runs that found a matching state */
-  uint64_t evictions;     /* states dropped from the bounded cache */
-  uint64_t runs;
-} qpack_linear_stats;
+typedef qpack_op_stats qpack_linear_stats;
 
 /* Packs the weights. The object owns a copy of everything it keeps. */
 QPACK_API qpack_status qpack_linear_create(const qpack_linear_params* params,
@@ -170,6 +207,7 @@ QPACK_API qpack_status qpack_linear_release_original(qpack_linear* linear);
  * int8_t by mode), bias_out [N] float (may be NULL). */
 QPACK_API qpack_status qpack_linear_unpack(const qpack_linear* linear, void* weight_out,
                                            float* bias_out);
+/* Works on a closed object too (see qpack_linear_info). */
 QPACK_API qpack_status qpack_linear_get_info(const qpack_linear* linear,
                                              qpack_linear_info* info_out);
 QPACK_API qpack_status qpack_linear_get_stats(const qpack_linear* linear,
@@ -225,19 +263,20 @@ typedef struct qpack_conv2d_params {
  * no clamp, AUTO backend, DEFAULT retain). */
 QPACK_API void qpack_conv2d_params_init(qpack_conv2d_params* params);
 
+/* After close, get_info still succeeds: closed = 1 and every other field 0. */
 typedef struct qpack_conv2d_info {
   int64_t in_channels, out_channels, groups, kernel_h, kernel_w;
   qpack_mode mode;
   qpack_backend backend;
   int has_bias;
   int has_original;
+  int closed;
   int64_t num_weight_scales;
   size_t nbytes_packed;   /* bytes of packed state(s) held now */
   size_t nbytes_original; /* bytes of original weights held (0 after release) */
 } qpack_conv2d_info;
 
-/* Same counters as the linear layer. */
-typedef qpack_linear_stats qpack_conv2d_stats;
+typedef qpack_op_stats qpack_conv2d_stats;
 
 /* Packs the weights. The object owns a copy of everything it keeps. */
 QPACK_API qpack_status qpack_conv2d_create(const qpack_conv2d_params* params,
@@ -271,6 +310,7 @@ QPACK_API qpack_status qpack_conv2d_release_original(qpack_conv2d* conv);
  * layout above (float or int8_t by mode), bias_out [out_channels] (may be NULL). */
 QPACK_API qpack_status qpack_conv2d_unpack(const qpack_conv2d* conv, void* weight_out,
                                            float* bias_out);
+/* Works on a closed object too (see qpack_conv2d_info). */
 QPACK_API qpack_status qpack_conv2d_get_info(const qpack_conv2d* conv,
                                              qpack_conv2d_info* info_out);
 QPACK_API qpack_status qpack_conv2d_get_stats(const qpack_conv2d* conv,

@@ -1,0 +1,103 @@
+// extern "C": errors, retain policy, threads, build and backend queries.
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "api/guard.h"
+#include "core/error.h"
+#include "core/policy.h"
+#include "core/quant.h"
+#include "core/registry.h"
+#include "qpack/qpack.h"
+
+#ifndef QPACK_MOBILE
+#define QPACK_MOBILE 0
+#endif
+#ifndef QPACK_VERSION_STRING
+#define QPACK_VERSION_STRING "unknown"
+#endif
+
+using qpack::api::guarded;
+
+extern "C" {
+
+const char* qpack_last_error(void) { return qpack::api::last_error().c_str(); }
+
+const char* qpack_version(void) { return QPACK_VERSION_STRING; }
+
+int qpack_get_default_retain(void) { return qpack::default_retain() ? 1 : 0; }
+void qpack_set_default_retain(int keep) { qpack::set_default_retain(keep != 0); }
+int qpack_set_thread_retain(int retain) {
+  if (retain != QPACK_RETAIN_KEEP && retain != QPACK_RETAIN_RELEASE) retain = QPACK_RETAIN_DEFAULT;
+  return qpack::set_thread_retain(retain);
+}
+int qpack_get_thread_retain(void) { return qpack::thread_retain(); }
+int qpack_resolve_retain(int retain) { return qpack::resolve_retain(retain) ? 1 : 0; }
+
+qpack_status qpack_set_num_threads(int num_threads) {
+  return guarded([&] {
+    qpack::check(num_threads >= 1 && num_threads <= 4096, QPACK_STATUS_INVALID_ARGUMENT,
+                 "num_threads must be in [1, 4096], got ", num_threads);
+    qpack::set_num_threads(num_threads);
+  });
+}
+int qpack_get_num_threads(void) { return qpack::num_threads(); }
+
+int qpack_in_forked_child(void) { return qpack::in_forked_child() ? 1 : 0; }
+
+int qpack_build_mobile(void) { return QPACK_MOBILE ? 1 : 0; }
+
+qpack_status qpack_choose_qparams_u8(float min, float max, float* scale_out,
+                                     int32_t* zero_point_out) {
+  return guarded([&] {
+    qpack::check(scale_out != nullptr && zero_point_out != nullptr,
+                 QPACK_STATUS_INVALID_ARGUMENT, "scale_out or zero_point_out is NULL");
+    qpack::check(std::isfinite(min) && std::isfinite(max) && min <= max,
+                 QPACK_STATUS_INVALID_ARGUMENT, "the range [", min, ", ", max,
+                 "] must be finite with min <= max");
+    const qpack::QParams q = qpack::choose_qparams_u8(min, max);
+    *scale_out = q.scale;
+    *zero_point_out = q.zero_point;
+  });
+}
+
+int qpack_backend_count(void) { return static_cast<int>(qpack::backends().size()); }
+
+qpack_status qpack_backend_get_info(int index, qpack_backend_info* info_out) {
+  return guarded([&] {
+    const auto& list = qpack::backends();
+    qpack::check(index >= 0 && index < static_cast<int>(list.size()),
+                 QPACK_STATUS_INVALID_ARGUMENT, "backend index ", index, " is outside [0, ",
+                 list.size(), ")");
+    qpack::check(info_out != nullptr, QPACK_STATUS_INVALID_ARGUMENT, "info_out is NULL");
+    const auto& b = list[static_cast<size_t>(index)];
+    *info_out = qpack_backend_info{};
+    info_out->backend = b.id;
+    info_out->name = b.name;
+    info_out->compiled = b.compiled() ? 1 : 0;
+    info_out->available = b.available() ? 1 : 0;
+    info_out->asymmetric_weights = b.ops.asymmetric_weights ? 1 : 0;
+    info_out->linear_modes = qpack::op_modes(b, qpack::OpKind::linear);
+    info_out->conv2d_modes = qpack::op_modes(b, qpack::OpKind::conv2d);
+  });
+}
+
+int qpack_backend_available(qpack_backend backend) {
+  for (const auto& b : qpack::backends()) {
+    if (b.id == backend) return b.available() ? 1 : 0;
+  }
+  return 0;
+}
+
+qpack_status qpack_backend_describe(qpack_backend backend, char* buf, size_t size) {
+  return guarded([&] {
+    qpack::check(buf != nullptr && size > 0, QPACK_STATUS_INVALID_ARGUMENT, "buffer is NULL");
+    const auto& b = qpack::backend(backend);
+    const std::string text =
+        b.compiled() ? b.ops.describe() : std::string(b.display) + " (not in this build)";
+    std::strncpy(buf, text.c_str(), size - 1);
+    buf[size - 1] = '\0';
+  });
+}
+
+}  // extern "C"

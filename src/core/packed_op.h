@@ -1,0 +1,50 @@
+// PackedOp: the lifetime holder behind every C handle of a packed op.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <utility>
+
+#include "core/conv.h"
+#include "core/linear.h"
+#include "core/op.h"
+#include "core/registry.h"
+
+namespace qpack {
+
+// Spec, kernel (made by the spec's backend through the registry) and the
+// original weights while retained. Thread-safe: runs go to kernel(), which is
+// immutable; the original weights have their own lock.
+template <typename KernelT>
+class PackedOp {
+ public:
+  using Spec = typename KernelT::Spec;
+  using Factory = std::unique_ptr<KernelT> (*)(const Spec&, const void*);
+
+  PackedOp(Spec spec, const void* weight, bool retain) : spec_(std::move(spec)) {
+    kernel_ = backend(spec_.backend).template support<Factory>().make(spec_, weight);
+    if (retain) original_.keep(weight, spec_.weight_nbytes());
+  }
+
+  const Spec& spec() const { return spec_; }
+  const KernelT& kernel() const { return *kernel_; }
+
+  void release_original() { original_.release(); }
+  bool has_original() const { return original_.held(); }
+  size_t nbytes_original() const { return original_.nbytes(); }
+  // The original if held, else reconstructed from the packed form; either may be null.
+  void unpack(void* weight_out, float* bias_out) const {
+    if (weight_out != nullptr && !original_.copy_to(weight_out)) kernel_->unpack_weight(weight_out);
+    if (bias_out != nullptr) copy_bias(spec_.bias, spec_.channels(), bias_out);
+  }
+
+ private:
+  Spec spec_;
+  std::unique_ptr<KernelT> kernel_;
+  OriginalWeights original_;
+};
+
+using Linear = PackedOp<LinearKernel>;
+using Conv = PackedOp<ConvKernel>;
+
+}  // namespace qpack

@@ -1,0 +1,64 @@
+// The backend registry: which backends this build has, what each can do,
+// and the factories of their kernels. api/ and core/ ask it for a kernel and
+// never include a backend header; the list itself is src/backends/registry.cc,
+// the one file that names every backend (as oneDNN's cpu_matmul_list.cpp).
+//
+// To add a backend: a folder src/backends/<name>/ with one file per op and a
+// <name>_ops() in its runtime; one line in backends/registry.cc; its sources
+// and option in src/CMakeLists.txt.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/conv.h"
+#include "core/linear.h"
+#include "qpack/qpack.h"
+
+namespace qpack {
+
+// One op on one backend: the modes it supports (bit 1 << qpack_mode) and its factory.
+template <typename Factory>
+struct OpSupport {
+  unsigned modes = 0;
+  Factory make = nullptr;
+  bool supports(qpack_mode mode) const { return make != nullptr && (modes & (1u << mode)); }
+};
+
+// What a compiled-in backend provides. Default-constructed: not in this build.
+struct BackendOps {
+  bool (*available)() = nullptr;     // usable on this CPU (initialises on first call)
+  std::string (*describe)() = nullptr;
+  bool asymmetric_weights = false;   // int8 weights may have nonzero zero points
+  OpSupport<LinearFactory> linear;
+  OpSupport<ConvFactory> conv2d;
+};
+
+struct Backend {
+  qpack_backend id;
+  const char* name;     // what users pass: "onednn"
+  const char* display;  // in messages: "oneDNN"
+  BackendOps ops;
+
+  bool compiled() const { return ops.available != nullptr; }
+  bool available() const { return compiled() && ops.available(); }
+  template <typename Factory>
+  const OpSupport<Factory>& support() const;
+};
+template <>
+inline const OpSupport<LinearFactory>& Backend::support<LinearFactory>() const { return ops.linear; }
+template <>
+inline const OpSupport<ConvFactory>& Backend::support<ConvFactory>() const { return ops.conv2d; }
+
+// Every backend qpack knows, in AUTO preference order (defined in backends/registry.cc).
+const std::vector<Backend>& backends();
+// The entry of a backend id; throws INVALID_ARGUMENT for an unknown id.
+const Backend& backend(qpack_backend id);
+// Modes of `op` on b, as a bit set (1 << qpack_mode).
+unsigned op_modes(const Backend& b, OpKind op);
+// AUTO: the first available backend with (op, mode); otherwise the requested
+// one, which must be compiled in and support (op, mode). Throws UNSUPPORTED
+// with the backends that would do.
+qpack_backend resolve_backend(qpack_backend requested, OpKind op, qpack_mode mode);
+
+}  // namespace qpack

@@ -1,0 +1,104 @@
+"""The core's op interface as Python sees it: the backend registry, one
+qparams rule, honest counters and close state (issue: one op interface)."""
+import numpy as np
+import pytest
+
+import qpack
+from qpack import _core
+
+
+def test_backends_come_from_the_registry():
+    b = qpack.backends()
+    assert list(b) == [info["name"] for info in _core.backend_infos()]
+    assert list(b) == ["qnnpack", "onednn"]  # AUTO's preference order
+    assert b["onednn"]["linear"] == ["f32", "int8_static", "int8_dynamic"]
+    assert b["onednn"]["conv2d"] == ["f32", "int8_static"]
+    assert b["qnnpack"]["linear"] == ["int8_static", "int8_dynamic"]
+    assert b["qnnpack"]["conv2d"] == ["int8_static"]
+    assert all(v["compiled"] for v in b.values())
+    assert b["onednn"]["weight_quantization"] == ["per_tensor_symmetric", "per_channel_symmetric"]
+    assert b["qnnpack"]["weight_quantization"] == ["per_tensor_affine", "per_channel_affine"]
+    assert qpack.build_info()["version"] == qpack.__version__
+
+
+def test_auto_follows_the_registry(backend):
+    w8 = np.ones((4, 3), np.int8)
+    assert qpack.PackedLinear(np.ones((4, 3), np.float32)).backend == "onednn"
+    assert qpack.PackedLinear(w8, weight_scale=0.1, dynamic=True).backend == "qnnpack"
+    conv = qpack.PackedConv2d(np.ones((4, 3, 1, 1), np.float32))
+    assert conv.backend == "onednn"
+
+
+@pytest.mark.parametrize("make,exc,fragment", [
+    (lambda: qpack.PackedLinear(np.ones((2, 3), np.float32), backend="tpu"),
+     qpack.InvalidArgumentError, "unknown backend 'tpu'; use one of 'auto', 'qnnpack', 'onednn'"),
+    (lambda: qpack.PackedConv2d(np.ones((2, 3, 1, 1), np.float32), backend="qnnpack"),
+     qpack.UnsupportedError, "QNNPACK has no float32 convolution; use backend='onednn'"),
+    (lambda: qpack.PackedConv2d(np.ones((2, 3, 1, 1), np.int8), weight_scale=0.1, output_scale=0.1,
+                                output_zero_point=0, activation=("hardtanh", 2.0, 1.0)),
+     qpack.InvalidArgumentError, "activation bounds need min < max"),
+])
+def test_registry_errors_name_the_alternative(make, exc, fragment):
+    with pytest.raises(exc, match=fragment):
+        make()
+
+
+def test_asymmetric_weights_need_a_backend_that_takes_them(needs_torch):
+    torch = needs_torch
+    w = torch.quantize_per_tensor(torch.ones(2, 3), 0.1, 3, torch.qint8)
+    with pytest.raises(qpack.UnsupportedError, match="oneDNN int8 needs symmetric weights"):
+        qpack.PackedLinear(w, backend="onednn", output_scale=0.1, output_zero_point=0)
+    assert qpack.PackedLinear(w, backend="qnnpack", output_scale=0.1, output_zero_point=0).backend == "qnnpack"
+
+
+def test_one_uint8_qparams_rule(needs_torch):
+    torch = needs_torch
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        lo, hi = sorted(rng.normal(0, 10, 2).astype(np.float32))
+        x = torch.tensor([lo, hi], dtype=torch.float32)
+        scale, zp = torch._choose_qparams_per_tensor(x, False)
+        assert _core.choose_qparams_u8(float(lo), float(hi)) == (pytest.approx(scale, rel=1e-6), zp)
+    from qpack.torch import quantize
+    assert quantize.uint8_qparams(-1.0, 3.0) == _core.choose_qparams_u8(-1.0, 3.0)
+    for lo, hi in [(float("nan"), 1.0), (0.0, float("inf")), (2.0, 1.0)]:
+        with pytest.raises(qpack.InvalidArgumentError, match="finite with min <= max"):
+            _core.choose_qparams_u8(lo, hi)
+
+
+def test_counters_mean_the_same_on_every_backend(backend):
+    lin = qpack.PackedLinear(np.ones((4, 3), np.int8), backend=backend, weight_scale=0.1,
+                             output_scale=0.1, output_zero_point=0)
+    x = np.ones((2, 3), np.uint8)
+    for _ in range(3):
+        lin(x, scale=0.1, zero_point=0)
+    st = lin.stats
+    assert st["runs"] == 3
+    assert st["cache_hits"] == 2  # the first run built its state (QNNPACK) or primitive (oneDNN)
+    assert st["states_built"] >= 1
+
+
+def test_onednn_counts_f32_hits_and_primitive_evictions():
+    lin = qpack.PackedLinear(np.ones((4, 3), np.float32))
+    for m in range(1, 21):  # 20 batch sizes through a cache of 16 primitives
+        lin(np.ones((m, 3), np.float32))
+    lin(np.ones((20, 3), np.float32))
+    st = lin.stats
+    assert st["runs"] == 21 and st["cache_hits"] == 1
+    assert st["evictions"] == 4
+    assert st["states_built"] == 1
+
+
+def test_closed_is_reported_not_raised(backend):
+    conv = qpack.PackedConv2d(np.ones((2, 2, 1, 1), np.int8), backend=backend, weight_scale=0.1,
+                              output_scale=0.1, output_zero_point=0)
+    assert not conv.closed
+    conv.close()
+    assert conv.closed
+    with pytest.raises(qpack.ClosedError):
+        conv.nbytes_packed
+
+
+def test_released_error_is_gone():
+    # Nothing needs a released original (unpack rebuilds it), so there is no such error.
+    assert not hasattr(qpack, "ReleasedError")
