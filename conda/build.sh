@@ -65,6 +65,16 @@ elif [[ "$deps_mode" != system ]]; then
   exit 2
 fi
 
+# pyproject.toml's run-time dependency on the PyPI wheel onednn-cpu-gomp is, in
+# conda, the onednn package (recipe: run and run_exports): drop it from the
+# metadata, or `pip check` reports it missing. (--no-build-isolation skips the
+# build-system requirements, onednn-devel-cpu-gomp among them.)
+sed -i.orig -e '/^dependencies = \[/,/^\]/{/"onednn-cpu-gomp[=<>!~ ]/d;}' pyproject.toml
+if grep -q '"onednn-cpu-gomp' pyproject.toml; then
+  echo "build.sh: could not drop onednn-cpu-gomp from pyproject.toml's dependencies" >&2
+  exit 1
+fi
+
 # scikit-build-core splits CMAKE_ARGS like a shell (shlex), so quote each argument.
 CMAKE_ARGS="${CMAKE_ARGS:-} $(printf '%q ' "-DQPACK_QNNPACK_SOURCE_DIR=$QPACK_QNNPACK_SOURCE_DIR" \
   ${qnnpack_args[@]+"${qnnpack_args[@]}"})"
