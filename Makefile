@@ -76,3 +76,19 @@ sanitize: $(DEPS_STAMP) $(QNNPACK_STAMP)
 	$(VENV)/bin/cmake -S . -B build/tsan $(CMAKE_CORE_ARGS) -DQPACK_SANITIZER=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	$(VENV)/bin/cmake --build build/tsan -j2
 	cd build/tsan && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" $(CURDIR)/$(VENV)/bin/ctest --output-on-failure
+
+# aarch64 cross build of QNNPACK (Debian's cross toolchain), its tests run under
+# qemu-user through ctest: tests/cross/qnnpack_smoke. Independent of the venv.
+CROSS_CMAKE ?= cmake
+CROSS_CTEST ?= ctest
+CROSS_BUILD ?= build/cross-smoke
+CROSS_JOBS ?= 2
+.PHONY: cross-smoke
+cross-smoke: $(QNNPACK_STAMP)
+	bash third_party/cross_deps.sh
+	nice -n 10 $(CROSS_CMAKE) -S tests/cross/qnnpack_smoke -B $(CROSS_BUILD) -G Ninja -Wno-dev \
+	    -DCMAKE_BUILD_TYPE=Release \
+	    -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/cmake/toolchains/aarch64-linux-gnu.cmake \
+	    -DQPACK_QNNPACK_SOURCE_DIR=$(CURDIR)/third_party/.cache/qnnpack
+	nice -n 10 $(CROSS_CMAKE) --build $(CROSS_BUILD) -j$(CROSS_JOBS)
+	cd $(CROSS_BUILD) && $(CROSS_CTEST) --output-on-failure -V

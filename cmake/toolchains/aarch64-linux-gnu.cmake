@@ -69,13 +69,18 @@ set(CMAKE_EXE_LINKER_FLAGS_INIT "${_qpack_link}")
 set(CMAKE_SHARED_LINKER_FLAGS_INIT "${_qpack_link}")
 
 # Run target binaries under user-mode emulation. -L makes qemu look up the target's
-# absolute paths (the dynamic loader /lib/ld-linux-aarch64.so.1, libc, libstdc++)
-# under the toolchain's tree first, then on the host, so the multiarch directory
-# /usr/lib/aarch64-linux-gnu and build-tree RPATHs into QPACK_AARCH64_SYSROOT work
-# too. binfmt_misc is not needed (and not mounted in some sandboxes).
+# absolute paths (the dynamic loader /lib/ld-linux-aarch64.so.1, ...) under the
+# toolchain's tree first and then on the host, so build-tree RPATHs into
+# QPACK_AARCH64_SYSROOT and the multiarch directory /usr/lib/aarch64-linux-gnu work.
+# LD_LIBRARY_PATH pins libc/libstdc++ to the toolchain's tree too: once any :arm64
+# package is installed (dpkg pulls in libc6:arm64), the host's /etc/ld.so.cache and
+# /lib/aarch64-linux-gnu hold a *different* glibc build (2.36-9+deb12u* vs the cross
+# toolchain's 2.36-8cross1), the toolchain's loader picks that libc.so.6, and the
+# mismatched pair hangs in the first pthread_create.
+# binfmt_misc is not needed (and not mounted in this sandbox).
 find_program(QPACK_QEMU_AARCH64 qemu-aarch64)
 if(QPACK_QEMU_AARCH64)
-  set(CMAKE_CROSSCOMPILING_EMULATOR "${QPACK_QEMU_AARCH64};-L;${QPACK_CROSS_ROOT}")
+  set(CMAKE_CROSSCOMPILING_EMULATOR "${QPACK_QEMU_AARCH64};-L;${QPACK_CROSS_ROOT};-E;LD_LIBRARY_PATH=${QPACK_CROSS_ROOT}/lib")
 else()
   message(WARNING "qemu-aarch64 not found (install qemu-user: third_party/cross_deps.sh); "
     "target binaries will not run on this host")
