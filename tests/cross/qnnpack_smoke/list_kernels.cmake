@@ -1,6 +1,7 @@
-# cmake -DNM=... -DARCHIVE=libpytorch_qnnpack.a -DSOURCES=qnnpack_kernel_sources.txt -P list_kernels.cmake
+# cmake -DNM=... -DARCHIVE=libpytorch_qnnpack.a -DSOURCES=qnnpack_kernel_sources.txt [-DEXPECT_AARCH64=ON] -P list_kernels.cmake
 # Lists the aarch64 assembly and NEON micro-kernel functions defined in the archive;
-# fails if the aarch64 assembly GEMM/conv kernels are missing.
+# with EXPECT_AARCH64, fails if the aarch64 assembly GEMM/conv kernels are missing.
+cmake_minimum_required(VERSION 3.18)  # IN_LIST (CMP0057) in script mode
 execute_process(COMMAND "${NM}" --defined-only "${ARCHIVE}"
   OUTPUT_VARIABLE _out RESULT_VARIABLE _rc ERROR_VARIABLE _err)
 if(NOT _rc EQUAL 0)
@@ -34,6 +35,9 @@ string(REPLACE ";" "\n  " _n "${_neon}")
 message("aarch64 assembly kernels (${_n__asm}):\n  ${_a}")
 message("NEON intrinsics kernels (${_n__neon}):\n  ${_n}")
 message("SSE2 kernels: ${_n__sse2}")
+if(NOT EXPECT_AARCH64)
+  return()
+endif()
 foreach(_need pytorch_q8gemm_ukernel_8x8__aarch64_neon pytorch_q8conv_ukernel_8x8__aarch64_neon
               pytorch_q8gemm_dq_ukernel_8x8__aarch64_neon)
   if(NOT _need IN_LIST _asm)
