@@ -87,3 +87,20 @@ sanitize: $(DEPS_STAMP) $(QNNPACK_STAMP)
 # wheel, then the recipe's tests (conda/check_prefix_build.sh; about 1-2 min).
 conda-check: $(DEPS_STAMP) $(QNNPACK_STAMP)
 	ONEDNN_FROM=$(CURDIR)/$(VENV) bash conda/check_prefix_build.sh
+
+# aarch64 cross build of QNNPACK (Debian's cross toolchain), its tests run under
+# qemu-user through ctest: tests/cross/qnnpack_smoke (the venv gives cmake and ninja).
+CROSS_CMAKE ?= $(VENV)/bin/cmake
+CROSS_CTEST ?= $(CURDIR)/$(VENV)/bin/ctest
+CROSS_BUILD ?= build/cross-smoke
+CROSS_JOBS ?= 2
+.PHONY: cross-smoke
+cross-smoke: $(DEPS_STAMP) $(QNNPACK_STAMP)
+	bash third_party/cross_deps.sh
+	nice -n 10 $(CROSS_CMAKE) -S tests/cross/qnnpack_smoke -B $(CROSS_BUILD) -G Ninja -Wno-dev \
+	    -DCMAKE_BUILD_TYPE=Release \
+	    -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/cmake/toolchains/aarch64-linux-gnu.cmake \
+	    -DQPACK_QNNPACK_SOURCE_DIR=$(CURDIR)/third_party/.cache/qnnpack \
+	    -DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja
+	nice -n 10 $(CROSS_CMAKE) --build $(CROSS_BUILD) -j$(CROSS_JOBS)
+	cd $(CROSS_BUILD) && $(CROSS_CTEST) --output-on-failure -V
