@@ -262,3 +262,4 @@ cdef class LinearHandle:
 
 
 include "_conv.pxi"
+include "_graph.pxi"

@@ -182,3 +182,93 @@ cdef extern from "qpack/qpack.h" nogil:
     qpack_status qpack_conv2d_unpack(const qpack_conv2d* conv, void* weight_out, float* bias_out)
     qpack_status qpack_conv2d_get_info(const qpack_conv2d* conv, qpack_conv2d_info* info_out)
     qpack_status qpack_conv2d_get_stats(const qpack_conv2d* conv, qpack_conv2d_stats* stats_out)
+
+    # ---- frozen graphs ----
+    ctypedef struct qpack_graph:
+        pass
+
+    ctypedef enum qpack_dtype:
+        QPACK_DTYPE_F32
+        QPACK_DTYPE_U8
+
+    ctypedef enum qpack_node_kind:
+        QPACK_NODE_CONV2D
+        QPACK_NODE_LINEAR
+        QPACK_NODE_ADD
+        QPACK_NODE_MAXPOOL2D
+        QPACK_NODE_AVGPOOL2D
+        QPACK_NODE_GLOBAL_AVGPOOL
+        QPACK_NODE_FLATTEN
+        QPACK_NODE_CONCAT
+        QPACK_NODE_ACTIVATION
+        QPACK_NODE_AFFINE
+        QPACK_NODE_QUANTIZE
+        QPACK_NODE_DEQUANTIZE
+
+    ctypedef enum qpack_activation:
+        QPACK_ACT_NONE
+        QPACK_ACT_RELU
+        QPACK_ACT_CLAMP
+        QPACK_ACT_HARDSWISH
+        QPACK_ACT_SIGMOID
+        QPACK_ACT_GELU
+        QPACK_ACT_SILU
+
+    ctypedef struct qpack_graph_value:
+        qpack_dtype dtype
+        float scale
+        int32_t zero_point
+
+    ctypedef struct qpack_graph_node:
+        qpack_node_kind kind
+        int32_t inputs[8]
+        int32_t num_inputs
+        int32_t output
+        const qpack_conv2d* conv
+        const qpack_linear* linear
+        int64_t kernel_h, kernel_w, stride_h, stride_w
+        int64_t pad_top, pad_left, pad_bottom, pad_right
+        int ceil_mode
+        int count_include_pad
+        int keepdim
+        qpack_activation activation
+        float act_min, act_max
+        const float* affine_scale
+        const float* affine_shift
+        int64_t channels
+
+    ctypedef struct qpack_graph_params:
+        int32_t num_values
+        const qpack_graph_value* values
+        int32_t num_nodes
+        const qpack_graph_node* nodes
+        int32_t num_inputs
+        const int32_t* inputs
+        int32_t num_outputs
+        const int32_t* outputs
+
+    ctypedef struct qpack_tensor:
+        qpack_dtype dtype
+        int32_t ndim
+        int64_t dims[4]
+        qpack_layout layout
+        void* data
+
+    ctypedef struct qpack_graph_info:
+        int32_t num_values, num_nodes, num_inputs, num_outputs
+        int closed
+        size_t nbytes_packed
+        size_t nbytes_workspace
+        uint64_t plans_built
+        uint64_t runs
+
+    qpack_status qpack_graph_create(const qpack_graph_params* params, qpack_graph** graph_out)
+    void qpack_graph_destroy(qpack_graph* graph)
+    qpack_status qpack_graph_close(qpack_graph* graph)
+    qpack_status qpack_graph_output_shapes(const qpack_graph* graph, int32_t num_inputs,
+                                           const qpack_tensor* inputs, int32_t num_outputs,
+                                           qpack_tensor* outputs)
+    qpack_status qpack_graph_run(const qpack_graph* graph, int32_t num_inputs,
+                                 const qpack_tensor* inputs, int32_t num_outputs,
+                                 qpack_tensor* outputs)
+    qpack_status qpack_graph_get_info(const qpack_graph* graph, qpack_graph_info* info_out)

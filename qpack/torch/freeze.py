@@ -419,7 +419,7 @@ def _check_eval(model):
 
 
 def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=None, dtype=None,
-           fuse=True, mapping=None):
+           fuse=True, mapping=None, graph=True):
     """A copy of ``model`` whose Linear/Conv1d/Conv2d layers run on qpack's packed weights.
 
     - ``dtype=None`` keeps each layer's precision: float layers become fp32
@@ -443,6 +443,14 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
     - ``fuse``: fold BatchNorm and fuse activations where a torch.fx trace
       shows the pattern (a warning says when tracing fails).
     - ``mapping``: {source type: Rule} entries that override ``MAPPING``.
+    - ``graph``: when the traced model holds only ops qpack's core runs
+      (frozen conv/linear, add, pooling, mean, flatten, concat, ReLU/ReLU6/
+      Hardtanh/Hardswish/Sigmoid/GELU/SiLU, unfolded BatchNorm2d, Identity/
+      Dropout), its forward becomes one graph run by the core: activations
+      stay NHWC between ops and, for ``dtype="int8"`` with
+      ``example_inputs``, uint8 with parameters calibrated per edge
+      (``frozen.forward.report()`` lists the plan). Otherwise, or with
+      ``graph=False``, the layers run one by one.
 
     The model must be in eval mode. Modules without a rule are kept as they are.
     """
@@ -458,6 +466,81 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
     if example_inputs is not None and dtype != "int8":
         raise InvalidArgumentError("example_inputs calibrate static int8 layers: pass dtype='int8' with them")
     _check_eval(model)
+    if not graph or type(model) in MAPPING or type(model) in (mapping or {}):
+        return _freeze_layers(model, backend=backend, retain=retain, inplace=inplace,
+                              example_inputs=example_inputs, dtype=dtype, fuse=fuse, mapping=mapping)
+    if dtype == "int8" and example_inputs is not None and not inplace:
+        frozen = _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping)
+        if frozen is not None:
+            return frozen
+    frozen = _freeze_layers(model, backend=backend, retain=retain, inplace=inplace,
+                            example_inputs=example_inputs, dtype=dtype, fuse=fuse, mapping=mapping)
+    _try_graph(frozen)
+    return frozen
+
+
+def _try_graph(frozen):
+    """Runs ``frozen`` as one core graph when it lowers; returns the lowering or None."""
+    from qpack.torch import graph as _g
+    if isinstance(frozen, FROZEN_TYPES):
+        return None
+    try:
+        low = _g.lower(frozen)
+        _g.attach(frozen, low)
+    except (_g.Unsupported, InvalidArgumentError, NotImplementedError):
+        return None
+    return low
+
+
+def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping):
+    """A static int8 graph calibrated per edge, or None when the model does not lower."""
+    from qpack.torch import graph as _g
+    batches = example_inputs if isinstance(example_inputs, list) else [example_inputs]
+    if any(isinstance(b, dict) for b in batches):
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FreezeWarning)  # a failed trace is reported by the fallback
+        fp32 = _freeze_layers(model, backend=backend, retain=True, inplace=False, example_inputs=None,
+                              dtype=None, fuse=fuse, mapping=mapping)
+    try:
+        low = _g.lower(fp32)
+        qp = _g.value_qparams(low, _g.calibrate_values(low, batches))
+    except _g.Unsupported:
+        return None
+    if any(not isinstance(l, (FrozenConv2d, FrozenLinear)) or l.mode != "f32" for l in low.layers):
+        return None
+    replacements = {}
+    for n in low.nodes:
+        layer = n.get("layer")
+        if layer is None or id(layer) in replacements:
+            continue
+        w, b = layer.unpack()
+        q, s = _q.quantize_weight_per_channel(w)
+        (in_s, in_zp), (out_s, out_zp) = qp[n["inputs"][0]], qp[n["output"]]
+        common = dict(weight_scale=s, activation=layer.activation, backend=backend, retain=retain,
+                      source="qpack_int8", folded_bn=layer._spec.get("folded_bn", False),
+                      input_scale=in_s, input_zero_point=in_zp, output_scale=out_s, output_zero_point=out_zp)
+        if isinstance(layer, FrozenConv2d):
+            sp = layer._spec
+            new = FrozenConv2d.make("int8_static", q, b, stride=sp["stride"], padding=sp["padding"],
+                                    dilation=sp["dilation"], groups=sp["groups"], **common)
+        else:
+            new = FrozenLinear.make("int8_static", q, b, **common)
+        replacements[id(layer)] = new.train(False)
+    _swap(fp32, replacements)
+    for n in low.nodes:
+        if "layer" in n:
+            n["layer"] = replacements[id(n["layer"])]
+    low.layers = [replacements[id(l)] for l in low.layers]
+    try:
+        _g.attach(fp32, low, qp)
+    except (InvalidArgumentError, NotImplementedError):
+        return None
+    return fp32
+
+
+def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fuse, mapping):
+    """Layer by layer: the swap (and folding, fusion, calibration) every freeze starts with."""
     rules = dict(MAPPING)
     if mapping:
         rules.update(mapping)
@@ -470,7 +553,7 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
             reason = f"{type(e).__name__}: {e}".splitlines()[0][:200]
             warnings.warn(
                 f"qpack.freeze: torch.fx could not trace {type(model).__name__} ({reason}); swapping layers "
-                "without BatchNorm folding or activation fusion", FreezeWarning, stacklevel=2)
+                "without BatchNorm folding or activation fusion", FreezeWarning, stacklevel=3)
 
     seen, layers = set(), []
     for m in model.modules():
@@ -550,10 +633,18 @@ def unfreeze(frozen, *, inplace=False):
         mod.train(m.training)
         return mod
 
+    from qpack.torch import graph as _g
     if isinstance(frozen, FROZEN_TYPES):
         return back(frozen)
     replacements = {id(m): back(m) for m in frozen.modules() if isinstance(m, FROZEN_TYPES)}
     if inplace:
         _swap(frozen, replacements)
+        _g.detach(frozen)
         return frozen
-    return copy.deepcopy(frozen, dict(replacements))
+    memo = dict(replacements)
+    runner = _g.runner_of(frozen)
+    if runner is not None:
+        memo[id(runner)] = None  # the graph stays with the frozen model
+    out = copy.deepcopy(frozen, memo)
+    _g.detach(out)
+    return out

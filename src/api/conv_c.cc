@@ -8,8 +8,6 @@
 #include "core/error.h"
 #include "qpack/qpack.h"
 
-struct qpack_conv2d : qpack::api::Handle<qpack::Conv> {};
-
 namespace qpack {
 void fill_geometry(const ConvSpec& s, qpack_conv2d_info* out) {
   out->in_channels = s.IC;

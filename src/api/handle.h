@@ -117,3 +117,8 @@ qpack_status info(const H* handle, const char* what, Info* out) {
 
 }  // namespace api
 }  // namespace qpack
+
+// The opaque handle types of qpack.h.
+struct qpack_linear : qpack::api::Handle<qpack::Linear> {};
+struct qpack_conv2d : qpack::api::Handle<qpack::Conv> {};
+

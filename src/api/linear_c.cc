@@ -7,8 +7,6 @@
 #include "core/linear.h"
 #include "qpack/qpack.h"
 
-struct qpack_linear : qpack::api::Handle<qpack::Linear> {};
-
 namespace qpack {
 void fill_geometry(const LinearSpec& s, qpack_linear_info* out) {
   out->in_features = s.K;

@@ -84,8 +84,8 @@ class OnednnConv final : public ConvKernel {
     auto packed = std::atomic_load(&packed_);
     size_t total = packed->md().get_size();
     std::vector<const Packed*> seen{packed.get()};
-    for (const auto& e : *prims_.entries()) {  // private copies (see kMaxRelayouts)
-      const Packed* w = e.second.weights.get();
+    for (const auto& e : prims_.entries()) {  // private copies (see kMaxRelayouts)
+      const Packed* w = e->prim.weights.get();
       if (std::find(seen.begin(), seen.end(), w) == seen.end()) {
         seen.push_back(w);
         total += w->md().get_size();
@@ -233,9 +233,8 @@ class OnednnConv final : public ConvKernel {
   }
 
   void execute_conv(const ConvShape& s, void* src, void* dst, const RunQuant* rq) const {
-    std::shared_ptr<const PrimCache<Prim>::List> hold;
     bool relaid = false;
-    const Prim& prim = prims_.get(
+    const auto held = prims_.get(
         [&s](const Prim& p) {
           return p.N == s.N && p.H == s.H && p.W == s.W && p.x_layout == s.x_layout &&
                  p.y_layout == s.y_layout;
@@ -245,8 +244,8 @@ class OnednnConv final : public ConvKernel {
         // old copy is freed once in-flight runs end.
         [&relaid](const Prim& old, const Prim& fresh) {
           return !relaid || old.weights == fresh.weights;
-        },
-        hold);
+        });
+    const Prim& prim = held->prim;
     const memory::dims src_dims{s.N, spec_.IC, s.H, s.W}, dst_dims{s.N, spec_.OC, s.OH, s.OW};
     memory src_user({src_dims, act_dt(), layout_tag(s.x_layout)}, engine(), src);
     memory dst_user({dst_dims, dst_dt(), layout_tag(s.y_layout)}, engine(), dst);

@@ -139,10 +139,10 @@ class OnednnLinear final : public LinearKernel {
   }
 
   void execute_matmul(int64_t M, void* src, void* dst, const RunQuant* rq) const {
-    std::shared_ptr<const PrimCache<Prim>::List> hold;
-    const Prim& prim = prims_.get([M](const Prim& p) { return p.M == M; },
-                                  [&] { return build(M); },
-                                  [](const Prim&, const Prim&) { return true; }, hold);
+    const auto held = prims_.get([M](const Prim& p) { return p.M == M; },
+                                 [&] { return build(M); },
+                                 [](const Prim&, const Prim&) { return true; });
+    const Prim& prim = held->prim;
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, memory({{M, spec_.K}, src_dt(), tag::ab}, engine(), src)},
         {DNNL_ARG_WEIGHTS, packed_},

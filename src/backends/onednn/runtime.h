@@ -6,15 +6,14 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "core/cow_cache.h"
 #include "core/error.h"
 #include "core/op.h"
 #include "core/policy.h"
@@ -88,65 +87,41 @@ void decode_blocked(const dnnl::memory::desc& md, const void* data, size_t elem_
 void unpack(const dnnl::memory& packed, const dnnl::memory& plain, size_t elem_size);
 
 // Primitives of one packed op, created per run shape and thread count
-// (oneDNN fixes a primitive's parallel split at creation), in a bounded
-// copy-on-write list: lookups take no lock; builders take a mutex and
-// publish a new list. `Entry` is the op's primitive with its shape key.
-template <typename Entry>
+// (oneDNN fixes a primitive's parallel split at creation): a CowCache whose
+// entries carry the thread count they were built for.
+template <typename Prim>
+struct Threaded {
+  int threads;
+  Prim prim;
+};
+template <typename Prim>
 class PrimCache {
  public:
-  using List = std::vector<std::pair<int, Entry>>;  // (threads, entry)
+  using Ptr = typename CowCache<Threaded<Prim>>::Ptr;
 
-  PrimCache(Counters& counters, size_t capacity)
-      : counters_(counters), capacity_(capacity), list_(std::make_shared<const List>()) {}
+  PrimCache(Counters& counters, size_t capacity) : cache_(capacity, &counters) {}
 
-  // The entry for which matches(entry) holds at this thread count, or the
-  // one build() makes (under the lock; build may throw). keep(old, fresh)
-  // says whether an older entry stays once `fresh` is added. `hold` keeps
-  // the returned entry alive.
+  // The primitive for which matches(prim) holds at this thread count, or the
+  // one build() makes (under the cache's lock; build may throw).
+  // keep(old, fresh) says whether an older primitive stays once `fresh` is added.
   template <typename Matches, typename Build, typename Keep>
-  const Entry& get(const Matches& matches, const Build& build, const Keep& keep,
-                   std::shared_ptr<const List>& hold) const {
+  Ptr get(const Matches& matches, const Build& build, const Keep& keep) const {
     const int threads = num_threads();
-    if (const Entry* e = find(matches, threads, hold)) return *e;
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (const Entry* e = find(matches, threads, hold)) return *e;
-    auto next = std::make_shared<List>();
-    apply_num_threads();
-    next->emplace_back(threads, build());
-    for (const auto& old : *hold) {
-      if (!keep(old.second, next->front().second)) continue;
-      if (next->size() >= capacity_) {
-        counters_.evicted();
-        continue;
-      }
-      next->push_back(old);
-    }
-    std::shared_ptr<const List> published = std::move(next);
-    std::atomic_store(&list_, published);
-    hold = std::move(published);
-    return hold->front().second;
+    return cache_.get(
+        [&](const Threaded<Prim>& e) { return e.threads == threads && matches(e.prim); },
+        [&] {
+          apply_num_threads();
+          return Threaded<Prim>{threads, build()};
+        },
+        [&](const Threaded<Prim>& old, const Threaded<Prim>& fresh) {
+          return keep(old.prim, fresh.prim);
+        });
   }
 
-  // Every entry now (for byte counts).
-  std::shared_ptr<const List> entries() const { return std::atomic_load(&list_); }
+  std::vector<Ptr> entries() const { return cache_.entries(); }
 
  private:
-  template <typename Matches>
-  const Entry* find(const Matches& matches, int threads, std::shared_ptr<const List>& hold) const {
-    hold = std::atomic_load(&list_);
-    for (const auto& e : *hold) {
-      if (e.first == threads && matches(e.second)) {
-        counters_.hit();
-        return &e.second;
-      }
-    }
-    return nullptr;
-  }
-
-  Counters& counters_;
-  const size_t capacity_;
-  mutable std::shared_ptr<const List> list_;  // atomic_load/store only
-  mutable std::mutex mutex_;                  // builders only
+  CowCache<Threaded<Prim>> cache_;
 };
 
 }  // namespace onednn_rt

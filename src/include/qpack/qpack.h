@@ -316,6 +316,140 @@ QPACK_API qpack_status qpack_conv2d_get_info(const qpack_conv2d* conv,
 QPACK_API qpack_status qpack_conv2d_get_stats(const qpack_conv2d* conv,
                                               qpack_conv2d_stats* stats_out);
 
+
+/* ---- frozen graphs ---------------------------------------------------- */
+/*
+ * A graph of typed values and nodes, planned once per input shape and run by
+ * the core in one call. Weighted nodes hold packed objects (qpack_conv2d,
+ * qpack_linear) by reference: the graph keeps them alive and never copies
+ * their packed weights; closing a handle does not affect a graph that uses it.
+ *
+ * Values carry a dtype (f32, or u8 with scale and zero point); shapes follow
+ * from the input shapes at plan time. Rank-4 values [N, C, H, W] live in NHWC
+ * (channels last) between nodes; other ranks are row-major. Inputs may come
+ * in NCHW or NHWC; rank-4 outputs are written in the layout each output
+ * tensor asks for. Everything between the edges stays in its dtype and
+ * layout: static int8 convolutions and linears requantize into the next
+ * value's parameters, pooling and flatten keep theirs.
+ *
+ * Rounding: a u8 result is its real value divided by the scale, rounded half
+ * to even, plus the zero point, clamped to [0, 255] (QUANTIZE multiplies by
+ * 1 / scale instead, as dynamic quantization does); u8 nodes other than
+ * conv/linear compute in float on dequantized inputs (ACTIVATION through a
+ * 256-entry table made at create).
+ *
+ * Threads: runs take no lock; each call has its own workspace (buffers
+ * planned by liveness). Plans are cached per input shape (8 at most).
+ */
+
+typedef struct qpack_graph qpack_graph;
+
+typedef enum qpack_dtype {
+  QPACK_DTYPE_F32 = 0,
+  QPACK_DTYPE_U8 = 1,
+} qpack_dtype;
+
+typedef enum qpack_node_kind {
+  QPACK_NODE_CONV2D = 0,         /* conv: x [N, C, H, W] -> y; dtype by the conv's mode */
+  QPACK_NODE_LINEAR = 1,         /* linear over the last dim of a rank-2 or rank-3 value */
+  QPACK_NODE_ADD = 2,            /* inputs[0] + inputs[1] (same shape), then `activation` */
+  QPACK_NODE_MAXPOOL2D = 3,      /* u8: output qparams = input qparams */
+  QPACK_NODE_AVGPOOL2D = 4,
+  QPACK_NODE_GLOBAL_AVGPOOL = 5, /* mean over H, W: [N, C, 1, 1] (keepdim) or [N, C] */
+  QPACK_NODE_FLATTEN = 6,        /* dims 1.. into one (NCHW order); u8 qparams kept */
+  QPACK_NODE_CONCAT = 7,         /* along dim 1; u8 inputs requantized to the output's qparams */
+  QPACK_NODE_ACTIVATION = 8,     /* elementwise `activation` */
+  QPACK_NODE_AFFINE = 9,         /* x * scale[c] + shift[c] along dim 1 (unfolded BatchNorm) */
+  QPACK_NODE_QUANTIZE = 10,      /* f32 -> u8 with the output value's qparams */
+  QPACK_NODE_DEQUANTIZE = 11,    /* u8 -> f32 */
+} qpack_node_kind;
+
+typedef enum qpack_activation {
+  QPACK_ACT_NONE = 0,
+  QPACK_ACT_RELU = 1,
+  QPACK_ACT_CLAMP = 2,     /* [act_min, act_max]: ReLU6, Hardtanh */
+  QPACK_ACT_HARDSWISH = 3,
+  QPACK_ACT_SIGMOID = 4,
+  QPACK_ACT_GELU = 5,      /* erf form */
+  QPACK_ACT_SILU = 6,
+} qpack_activation;
+
+typedef struct qpack_graph_value {
+  qpack_dtype dtype;
+  float scale;            /* U8 */
+  int32_t zero_point;     /* U8, in [0, 255] */
+} qpack_graph_value;
+
+typedef struct qpack_graph_node {
+  qpack_node_kind kind;
+  int32_t inputs[8];      /* value indices */
+  int32_t num_inputs;
+  int32_t output;         /* value index, produced by this node only */
+  const qpack_conv2d* conv;     /* CONV2D */
+  const qpack_linear* linear;   /* LINEAR */
+  int64_t kernel_h, kernel_w, stride_h, stride_w;            /* pools */
+  int64_t pad_top, pad_left, pad_bottom, pad_right;          /* pools */
+  int ceil_mode;                /* pools */
+  int count_include_pad;        /* AVGPOOL2D */
+  int keepdim;                  /* GLOBAL_AVGPOOL */
+  qpack_activation activation;  /* ACTIVATION, ADD */
+  float act_min, act_max;       /* QPACK_ACT_CLAMP */
+  const float* affine_scale;    /* AFFINE: [channels], copied */
+  const float* affine_shift;
+  int64_t channels;
+} qpack_graph_node;
+
+typedef struct qpack_graph_params {
+  int32_t num_values;
+  const qpack_graph_value* values;
+  int32_t num_nodes;
+  const qpack_graph_node* nodes;   /* in an order where every input is produced first */
+  int32_t num_inputs;
+  const int32_t* inputs;           /* value indices fed by the caller */
+  int32_t num_outputs;
+  const int32_t* outputs;
+} qpack_graph_params;
+
+/* A tensor crossing the graph's edges. dims are logical ([N, C, H, W] for
+ * rank 4 whatever the layout); layout is the memory order of rank-4 data. */
+typedef struct qpack_tensor {
+  qpack_dtype dtype;
+  int32_t ndim;           /* 1..4 */
+  int64_t dims[4];
+  qpack_layout layout;    /* rank 4: NCHW or NHWC; ignored otherwise (row-major) */
+  void* data;
+} qpack_tensor;
+
+typedef struct qpack_graph_info {
+  int32_t num_values, num_nodes, num_inputs, num_outputs;
+  int closed;
+  size_t nbytes_packed;     /* packed bytes of the distinct ops the graph holds */
+  size_t nbytes_workspace;  /* workspace of the largest plan made so far */
+  uint64_t plans_built;
+  uint64_t runs;
+} qpack_graph_info;
+
+/* Validates the graph (types, node parameters, that every value is produced
+ * once before use) and takes references to its packed ops. */
+QPACK_API qpack_status qpack_graph_create(const qpack_graph_params* params,
+                                          qpack_graph** graph_out);
+QPACK_API void qpack_graph_destroy(qpack_graph* graph);
+/* Releases the graph's references at once (or when in-flight runs end);
+ * later calls fail with QPACK_STATUS_CLOSED. Idempotent. */
+QPACK_API qpack_status qpack_graph_close(qpack_graph* graph);
+/* Plans for these inputs (dtype, ndim, dims, layout; data unused) and fills
+ * each output's dtype, ndim and dims. */
+QPACK_API qpack_status qpack_graph_output_shapes(const qpack_graph* graph, int32_t num_inputs,
+                                                 const qpack_tensor* inputs, int32_t num_outputs,
+                                                 qpack_tensor* outputs);
+/* Runs the graph: inputs as described; outputs with data, dtype, ndim and
+ * dims as qpack_graph_output_shapes gives them, and the layout wanted. */
+QPACK_API qpack_status qpack_graph_run(const qpack_graph* graph, int32_t num_inputs,
+                                       const qpack_tensor* inputs, int32_t num_outputs,
+                                       qpack_tensor* outputs);
+/* Works on a closed graph too (closed = 1, every other field 0). */
+QPACK_API qpack_status qpack_graph_get_info(const qpack_graph* graph, qpack_graph_info* info_out);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif

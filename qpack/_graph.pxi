@@ -1,0 +1,168 @@
+# GraphHandle: owns one qpack_graph (included by _core.pyx).
+from libc.stdlib cimport calloc, free
+
+NODE_KINDS = {"conv2d": QPACK_NODE_CONV2D, "linear": QPACK_NODE_LINEAR, "add": QPACK_NODE_ADD,
+              "maxpool2d": QPACK_NODE_MAXPOOL2D, "avgpool2d": QPACK_NODE_AVGPOOL2D,
+              "global_avgpool": QPACK_NODE_GLOBAL_AVGPOOL, "flatten": QPACK_NODE_FLATTEN,
+              "concat": QPACK_NODE_CONCAT, "activation": QPACK_NODE_ACTIVATION,
+              "affine": QPACK_NODE_AFFINE, "quantize": QPACK_NODE_QUANTIZE,
+              "dequantize": QPACK_NODE_DEQUANTIZE}
+ACTIVATIONS = {None: QPACK_ACT_NONE, "relu": QPACK_ACT_RELU, "clamp": QPACK_ACT_CLAMP,
+               "hardswish": QPACK_ACT_HARDSWISH, "sigmoid": QPACK_ACT_SIGMOID,
+               "gelu": QPACK_ACT_GELU, "silu": QPACK_ACT_SILU}
+DTYPES = {"f32": QPACK_DTYPE_F32, "u8": QPACK_DTYPE_U8}
+
+
+cdef int _fill_tensor(qpack_tensor* t, a, str layout) except -1:
+    """An input array (C-contiguous, physical order) as a qpack_tensor; for
+    layout 'nhwc' a rank-4 array is [N, H, W, C]."""
+    if a.dtype == np.float32:
+        t.dtype = QPACK_DTYPE_F32
+    elif a.dtype == np.uint8:
+        t.dtype = QPACK_DTYPE_U8
+    else:
+        raise InvalidTypeError(f"graph inputs must be float32 or uint8, got {a.dtype}")
+    if not a.flags.c_contiguous:
+        raise InvalidArgumentError("graph inputs must be C-contiguous")
+    if a.ndim < 1 or a.ndim > 4:
+        raise InvalidArgumentError(f"graph inputs must have 1 to 4 dims, got {a.ndim}")
+    t.ndim = a.ndim
+    dims = a.shape
+    if a.ndim == 4 and layout == "nhwc":
+        dims = (a.shape[0], a.shape[3], a.shape[1], a.shape[2])
+    for i in range(a.ndim):
+        t.dims[i] = dims[i]
+    t.layout = QPACK_LAYOUT_NHWC if layout == "nhwc" else QPACK_LAYOUT_NCHW
+    cdef uint8_t[::1] view = a.reshape(-1).view(np.uint8)
+    t.data = <void*>&view[0] if view.shape[0] > 0 else NULL
+    return 0
+
+
+cdef class GraphHandle:
+    """Owns one qpack_graph.
+
+    values: [(dtype 'f32'|'u8', scale, zero_point)]; nodes: [dict(kind=..., inputs=[...],
+    output=..., op=LinearHandle|Conv2dHandle, kernel=(h, w), stride=(h, w),
+    padding=(t, l, b, r), ceil_mode, count_include_pad, keepdim, activation,
+    act_min, act_max, scale, shift)]; inputs / outputs: value indices."""
+    cdef qpack_graph* _h
+    cdef readonly int num_inputs
+    cdef readonly int num_outputs
+
+    def __cinit__(self, values, nodes, inputs, outputs):
+        self._h = NULL
+        cdef qpack_graph_params p
+        cdef int nv = len(values), nn = len(nodes)
+        cdef qpack_graph_value* cv = <qpack_graph_value*>calloc(max(nv, 1), sizeof(qpack_graph_value))
+        cdef qpack_graph_node* cn = <qpack_graph_node*>calloc(max(nn, 1), sizeof(qpack_graph_node))
+        cdef int32_t[::1] ins = np.ascontiguousarray(inputs, dtype=np.int32)
+        cdef int32_t[::1] outs = np.ascontiguousarray(outputs, dtype=np.int32)
+        cdef float[::1] fview
+        keep = []
+        cdef qpack_graph* h = NULL
+        cdef qpack_status st
+        try:
+            for i, (dt, scale, zp) in enumerate(values):
+                cv[i].dtype = DTYPES[dt]
+                cv[i].scale = scale
+                cv[i].zero_point = zp
+            for i, n in enumerate(nodes):
+                cn[i].kind = NODE_KINDS[n["kind"]]
+                node_inputs = n["inputs"]
+                if len(node_inputs) > 8:
+                    raise InvalidArgumentError("a graph node takes at most 8 inputs")
+                cn[i].num_inputs = len(node_inputs)
+                for j, v in enumerate(node_inputs):
+                    cn[i].inputs[j] = v
+                cn[i].output = n["output"]
+                op = n.get("op")
+                if isinstance(op, Conv2dHandle):
+                    cn[i].conv = (<Conv2dHandle>op)._h
+                elif isinstance(op, LinearHandle):
+                    cn[i].linear = (<LinearHandle>op)._h
+                cn[i].kernel_h, cn[i].kernel_w = n.get("kernel", (1, 1))
+                cn[i].stride_h, cn[i].stride_w = n.get("stride", (1, 1))
+                cn[i].pad_top, cn[i].pad_left, cn[i].pad_bottom, cn[i].pad_right = n.get("padding", (0, 0, 0, 0))
+                cn[i].ceil_mode = bool(n.get("ceil_mode", False))
+                cn[i].count_include_pad = bool(n.get("count_include_pad", True))
+                cn[i].keepdim = bool(n.get("keepdim", True))
+                cn[i].activation = ACTIVATIONS[n.get("activation")]
+                cn[i].act_min = n.get("act_min", 0.0)
+                cn[i].act_max = n.get("act_max", 0.0)
+                if n["kind"] == "affine":
+                    sc = np.ascontiguousarray(n["scale"], dtype=np.float32)
+                    sh = np.ascontiguousarray(n["shift"], dtype=np.float32)
+                    if sc.shape != sh.shape or sc.ndim != 1 or sc.shape[0] == 0:
+                        raise InvalidArgumentError("affine scale and shift must be 1-D of one length")
+                    keep += [sc, sh]
+                    fview = sc
+                    cn[i].affine_scale = &fview[0]
+                    fview = sh
+                    cn[i].affine_shift = &fview[0]
+                    cn[i].channels = sc.shape[0]
+            p.num_values = nv
+            p.values = cv
+            p.num_nodes = nn
+            p.nodes = cn
+            p.num_inputs = ins.shape[0]
+            p.inputs = &ins[0] if ins.shape[0] > 0 else NULL
+            p.num_outputs = outs.shape[0]
+            p.outputs = &outs[0] if outs.shape[0] > 0 else NULL
+            with nogil:
+                st = qpack_graph_create(&p, &h)
+            check_status(st)
+        finally:
+            free(cv)
+            free(cn)
+        self._h = h
+        self.num_inputs = ins.shape[0]
+        self.num_outputs = outs.shape[0]
+
+    def __dealloc__(self):
+        if self._h != NULL:
+            qpack_graph_destroy(self._h)
+            self._h = NULL
+
+    def run(self, arrays, layouts):
+        """arrays: C-contiguous inputs (physical order), layouts: 'nchw'|'nhwc' each.
+        Returns the outputs; rank-4 ones as physical NHWC arrays [N, H, W, C]."""
+        cdef int ni = len(arrays), no = self.num_outputs
+        if ni != self.num_inputs:
+            raise InvalidArgumentError(f"this graph takes {self.num_inputs} input(s), got {ni}")
+        cdef qpack_tensor* ti = <qpack_tensor*>calloc(max(ni, 1), sizeof(qpack_tensor))
+        cdef qpack_tensor* to = <qpack_tensor*>calloc(max(no, 1), sizeof(qpack_tensor))
+        cdef qpack_status st
+        cdef uint8_t[::1] view
+        results = []
+        try:
+            for i in range(ni):
+                _fill_tensor(&ti[i], arrays[i], layouts[i])
+            check_status(qpack_graph_output_shapes(self._h, ni, ti, no, to))
+            for i in range(no):
+                dims = [to[i].dims[a] for a in range(to[i].ndim)]
+                dtype = np.float32 if to[i].dtype == QPACK_DTYPE_F32 else np.uint8
+                if to[i].ndim == 4:
+                    out = np.empty((dims[0], dims[2], dims[3], dims[1]), dtype=dtype)
+                    to[i].layout = QPACK_LAYOUT_NHWC
+                else:
+                    out = np.empty(dims, dtype=dtype)
+                view = out.reshape(-1).view(np.uint8)
+                to[i].data = <void*>&view[0] if view.shape[0] > 0 else NULL
+                results.append(out)
+            with nogil:
+                st = qpack_graph_run(self._h, ni, ti, no, to)
+            check_status(st)
+        finally:
+            free(ti)
+            free(to)
+        return results
+
+    def info(self):
+        cdef qpack_graph_info i
+        check_status(qpack_graph_get_info(self._h, &i))
+        return {"closed": bool(i.closed), "num_values": i.num_values, "num_nodes": i.num_nodes,
+                "nbytes_packed": i.nbytes_packed, "nbytes_workspace": i.nbytes_workspace,
+                "plans_built": i.plans_built, "runs": i.runs}
+
+    def close(self):
+        check_status(qpack_graph_close(self._h))

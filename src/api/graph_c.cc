@@ -1,0 +1,124 @@
+// extern "C" surface of frozen graphs (qpack_graph_*).
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "api/handle.h"
+#include "core/error.h"
+#include "core/graph.h"
+#include "qpack/qpack.h"
+
+struct qpack_graph : qpack::api::Handle<qpack::Graph> {};
+
+namespace {
+namespace api = qpack::api;
+constexpr const char* kWhat = "graph";
+
+qpack::GraphNode make_node(const qpack_graph_node& c, int index) {
+  qpack::GraphNode n;
+  n.kind = c.kind;
+  qpack::check(c.num_inputs >= 1 && c.num_inputs <= 8, QPACK_STATUS_INVALID_ARGUMENT, "node ",
+               index, " has ", c.num_inputs, " inputs; 1 to 8 are allowed");
+  n.in.assign(c.inputs, c.inputs + c.num_inputs);
+  n.out = c.output;
+  if (c.kind == QPACK_NODE_CONV2D && c.conv != nullptr) n.conv = api::live(c.conv, "convolution");
+  if (c.kind == QPACK_NODE_LINEAR && c.linear != nullptr) n.linear = api::live(c.linear, "linear");
+  n.kernel[0] = c.kernel_h;
+  n.kernel[1] = c.kernel_w;
+  n.stride[0] = c.stride_h;
+  n.stride[1] = c.stride_w;
+  n.pad[0] = c.pad_top;
+  n.pad[1] = c.pad_left;
+  n.pad[2] = c.pad_bottom;
+  n.pad[3] = c.pad_right;
+  n.ceil_mode = c.ceil_mode != 0;
+  n.count_include_pad = c.count_include_pad != 0;
+  n.keepdim = c.keepdim != 0;
+  n.act = c.activation;
+  n.act_min = c.act_min;
+  n.act_max = c.act_max;
+  if (c.kind == QPACK_NODE_AFFINE) {
+    qpack::check(c.affine_scale != nullptr && c.affine_shift != nullptr && c.channels >= 1 &&
+                     c.channels <= (int64_t(1) << 24),
+                 QPACK_STATUS_INVALID_ARGUMENT, "node ", index,
+                 " (affine) needs affine_scale, affine_shift and channels in [1, 2^24]");
+    n.affine_scale.assign(c.affine_scale, c.affine_scale + c.channels);
+    n.affine_shift.assign(c.affine_shift, c.affine_shift + c.channels);
+  }
+  return n;
+}
+
+std::vector<int> indices(const int32_t* v, int32_t n, const char* what) {
+  qpack::check(n >= 1 && n <= (1 << 20) && v != nullptr, QPACK_STATUS_INVALID_ARGUMENT, "the graph needs ",
+               what, " (1 to 2^20 of them)");
+  return std::vector<int>(v, v + n);
+}
+}  // namespace
+
+extern "C" {
+
+qpack_status qpack_graph_create(const qpack_graph_params* params, qpack_graph** graph_out) {
+  return api::guarded([&] {
+    qpack::check(params != nullptr && graph_out != nullptr, QPACK_STATUS_INVALID_ARGUMENT,
+                 "params or graph_out is NULL");
+    *graph_out = nullptr;
+    const qpack_graph_params& p = *params;
+    qpack::check(p.num_values >= 1 && p.num_values <= (1 << 20) && p.values != nullptr &&
+                     p.num_nodes >= 0 && p.num_nodes <= (1 << 20) &&
+                     (p.num_nodes == 0 || p.nodes != nullptr),
+                 QPACK_STATUS_INVALID_ARGUMENT, "the graph needs values (1 to 2^20) and nodes");
+    std::vector<qpack::GraphValue> values(static_cast<size_t>(p.num_values));
+    for (int32_t v = 0; v < p.num_values; ++v) {
+      values[v] = qpack::GraphValue{p.values[v].dtype, p.values[v].scale, p.values[v].zero_point};
+    }
+    std::vector<qpack::GraphNode> nodes;
+    nodes.reserve(static_cast<size_t>(p.num_nodes));
+    for (int32_t i = 0; i < p.num_nodes; ++i) nodes.push_back(make_node(p.nodes[i], i));
+    auto impl = std::make_shared<qpack::Graph>(std::move(values), std::move(nodes),
+                                               indices(p.inputs, p.num_inputs, "inputs"),
+                                               indices(p.outputs, p.num_outputs, "outputs"));
+    auto* handle = new qpack_graph;
+    handle->impl = std::move(impl);
+    *graph_out = handle;
+  });
+}
+
+void qpack_graph_destroy(qpack_graph* graph) { delete graph; }
+
+qpack_status qpack_graph_close(qpack_graph* graph) { return api::close(graph, kWhat); }
+
+qpack_status qpack_graph_output_shapes(const qpack_graph* graph, int32_t num_inputs,
+                                       const qpack_tensor* inputs, int32_t num_outputs,
+                                       qpack_tensor* outputs) {
+  return api::guarded([&] {
+    api::live(graph, kWhat)->output_shapes(inputs, num_inputs, outputs, num_outputs);
+  });
+}
+
+qpack_status qpack_graph_run(const qpack_graph* graph, int32_t num_inputs,
+                             const qpack_tensor* inputs, int32_t num_outputs,
+                             qpack_tensor* outputs) {
+  return api::guarded([&] { api::live(graph, kWhat)->run(inputs, num_inputs, outputs, num_outputs); });
+}
+
+qpack_status qpack_graph_get_info(const qpack_graph* graph, qpack_graph_info* info_out) {
+  return api::guarded([&] {
+    qpack::check(graph != nullptr && info_out != nullptr, QPACK_STATUS_INVALID_ARGUMENT,
+                 "graph handle or info_out is NULL");
+    *info_out = qpack_graph_info{};
+    info_out->closed = 1;
+    auto g = std::atomic_load(&graph->impl);
+    if (g == nullptr) return;
+    info_out->closed = 0;
+    info_out->num_values = static_cast<int32_t>(g->num_values());
+    info_out->num_nodes = static_cast<int32_t>(g->num_nodes());
+    info_out->num_inputs = static_cast<int32_t>(g->num_inputs());
+    info_out->num_outputs = static_cast<int32_t>(g->num_outputs());
+    info_out->nbytes_packed = g->nbytes_packed();
+    info_out->nbytes_workspace = g->nbytes_workspace();
+    info_out->plans_built = g->counters().states_built.load();
+    info_out->runs = g->counters().runs.load();
+  });
+}
+
+}  // extern "C"

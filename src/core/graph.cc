@@ -1,0 +1,749 @@
+#include "core/graph.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "core/quant.h"
+
+namespace qpack {
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < rank; ++i) n *= d[i];
+  return n;
+}
+
+bool Shape::operator==(const Shape& o) const {
+  if (rank != o.rank) return false;
+  for (int i = 0; i < rank; ++i) {
+    if (d[i] != o.d[i]) return false;
+  }
+  return true;
+}
+
+namespace {
+
+const char* kind_name(qpack_node_kind k) {
+  switch (k) {
+    case QPACK_NODE_CONV2D: return "conv2d";
+    case QPACK_NODE_LINEAR: return "linear";
+    case QPACK_NODE_ADD: return "add";
+    case QPACK_NODE_MAXPOOL2D: return "maxpool2d";
+    case QPACK_NODE_AVGPOOL2D: return "avgpool2d";
+    case QPACK_NODE_GLOBAL_AVGPOOL: return "global_avgpool";
+    case QPACK_NODE_FLATTEN: return "flatten";
+    case QPACK_NODE_CONCAT: return "concat";
+    case QPACK_NODE_ACTIVATION: return "activation";
+    case QPACK_NODE_AFFINE: return "affine";
+    case QPACK_NODE_QUANTIZE: return "quantize";
+    case QPACK_NODE_DEQUANTIZE: return "dequantize";
+  }
+  return "unknown";
+}
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (int i = 0; i < s.rank; ++i) out += (i ? ", " : "") + std::to_string(s.d[i]);
+  return out + "]";
+}
+
+size_t elem_size(qpack_dtype t) { return t == QPACK_DTYPE_F32 ? 4 : 1; }
+
+float activate(qpack_activation act, float lo, float hi, float x) {
+  switch (act) {
+    case QPACK_ACT_NONE: return x;
+    case QPACK_ACT_RELU: return x > 0.0f ? x : 0.0f;
+    case QPACK_ACT_CLAMP: return std::min(std::max(x, lo), hi);
+    case QPACK_ACT_HARDSWISH: return x * std::min(std::max(x + 3.0f, 0.0f), 6.0f) / 6.0f;
+    case QPACK_ACT_SIGMOID: return 1.0f / (1.0f + std::exp(-x));
+    case QPACK_ACT_GELU: return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+    case QPACK_ACT_SILU: return x / (1.0f + std::exp(-x));
+  }
+  return x;
+}
+
+// Storage of a value as outer x channels x inner (channels: logical dim 1):
+// NHWC rank-4 is (N*H*W, C, 1); rank 2 is (N, C, 1); rank 3 (N, C, L).
+void split_channels(const Shape& s, int64_t* outer, int64_t* channels, int64_t* inner) {
+  if (s.rank == 4) {
+    *outer = s.d[0] * s.d[2] * s.d[3];
+    *channels = s.d[1];
+    *inner = 1;
+    return;
+  }
+  *outer = s.d[0];
+  *channels = s.rank >= 2 ? s.d[1] : 1;
+  *inner = s.rank == 3 ? s.d[2] : 1;
+}
+
+// PyTorch's pooled size (floor or ceil; with ceil the last window must start
+// inside the input or its left padding).
+int64_t pooled(int64_t in, int64_t k, int64_t s, int64_t pad_lo, int64_t pad_hi, bool ceil_mode) {
+  const int64_t span = in + pad_lo + pad_hi - k;
+  check(span >= 0, QPACK_STATUS_INVALID_ARGUMENT, "pooling window ", k,
+        " is larger than the padded input ", in + pad_lo + pad_hi);
+  int64_t out = (ceil_mode ? (span + s - 1) / s : span / s) + 1;
+  if (ceil_mode && (out - 1) * s >= in + pad_lo) --out;
+  return out;
+}
+
+constexpr int64_t kGrain = int64_t(1) << 14;
+
+// body(begin, end) over [0, n), split over qpack's threads when n is large.
+template <typename Body>
+void parallel_range(int64_t n, int64_t grain, const Body& body) {
+  parallel_chunks(n, grain, num_threads(), [&](int, int64_t b, int64_t e) {
+    if (e > b) body(b, e);
+  });
+}
+
+struct Q {
+  float scale;
+  int32_t zp;
+  float deq(uint8_t v) const { return (static_cast<int32_t>(v) - zp) * scale; }
+  uint8_t quant(float v) const { return quantize_u8(v, scale, zp); }
+};
+
+uint8_t* thread_workspace(size_t size) {
+  struct Deleter {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<uint8_t, Deleter> buffer;
+  thread_local size_t capacity = 0;
+  if (capacity < size) {
+    void* p = nullptr;
+    check(posix_memalign(&p, 64, size) == 0 && p != nullptr, QPACK_STATUS_OUT_OF_MEMORY,
+          "could not allocate a ", size, "-byte graph workspace");
+    buffer.reset(static_cast<uint8_t*>(p));
+    capacity = size;
+  }
+  return buffer.get();
+}
+
+// [N, C, HW] <-> [N, HW, C] for elements of `es` bytes.
+void transpose_channels(const uint8_t* src, int64_t N, int64_t rows, int64_t cols, size_t es,
+                        uint8_t* dst) {
+  for (int64_t n = 0; n < N; ++n) {
+    const uint8_t* s = src + static_cast<size_t>(n * rows * cols) * es;
+    uint8_t* d = dst + static_cast<size_t>(n * rows * cols) * es;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        std::memcpy(d + static_cast<size_t>(c * rows + r) * es, s + static_cast<size_t>(r * cols + c) * es, es);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// ---- construction: types and wiring ----------------------------------------------
+
+Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::vector<int> inputs,
+             std::vector<int> outputs)
+    : values_(std::move(values)), nodes_(std::move(nodes)), inputs_(std::move(inputs)),
+      outputs_(std::move(outputs)) {
+  const int nv = static_cast<int>(values_.size());
+  check(nv >= 1 && !inputs_.empty() && !outputs_.empty(), QPACK_STATUS_INVALID_ARGUMENT,
+        "a graph needs at least one value, one input and one output");
+  for (int v = 0; v < nv; ++v) {
+    const GraphValue& val = values_[v];
+    check(val.dtype == QPACK_DTYPE_F32 || val.dtype == QPACK_DTYPE_U8, QPACK_STATUS_INVALID_ARGUMENT,
+          "value ", v, " has an unknown dtype ", static_cast<int>(val.dtype));
+    if (val.dtype == QPACK_DTYPE_U8) {
+      check_scale(val.scale, "value scale", v);
+      check_u8_zero_point(val.zero_point, "value zero_point");
+    }
+  }
+  std::vector<int> ready(nv, 0);  // 1: produced (or fed) so far
+  auto check_value = [&](int v, const char* what) {
+    check(v >= 0 && v < nv, QPACK_STATUS_INVALID_ARGUMENT, what, " value ", v,
+          " is outside [0, ", nv, ")");
+  };
+  for (int v : inputs_) {
+    check_value(v, "input");
+    check(!ready[v], QPACK_STATUS_INVALID_ARGUMENT, "value ", v, " is fed twice");
+    ready[v] = 1;
+  }
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    GraphNode& n = nodes_[i];
+    check(n.kind >= QPACK_NODE_CONV2D && n.kind <= QPACK_NODE_DEQUANTIZE,
+          QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " has an unknown kind ", static_cast<int>(n.kind));
+    const char* kind = kind_name(n.kind);
+    const size_t want = n.kind == QPACK_NODE_ADD ? 2 : n.kind == QPACK_NODE_CONCAT ? n.in.size() : 1;
+    check(!n.in.empty() && n.in.size() == want, QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (",
+          kind, ") takes ", want, " input(s), got ", n.in.size());
+    for (int v : n.in) {
+      check_value(v, "node input");
+      check(ready[v], QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind, ") reads value ", v,
+            " before any node produces it; list nodes in execution order");
+    }
+    check_value(n.out, "node output");
+    check(!ready[n.out], QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind, ") writes value ",
+          n.out, ", which is already produced or fed");
+    ready[n.out] = 1;
+
+    const GraphValue& x = values_[n.in[0]];
+    const GraphValue& y = values_[n.out];
+    auto same_qparams = [](const GraphValue& a, const GraphValue& b) {
+      return a.dtype != QPACK_DTYPE_U8 || (a.scale == b.scale && a.zero_point == b.zero_point);
+    };
+    auto expect_dtypes = [&](qpack_dtype in, qpack_dtype out) {
+      for (int v : n.in) {
+        check(values_[v].dtype == in, QPACK_STATUS_INVALID_TYPE, "node ", i, " (", kind,
+              ") takes ", in == QPACK_DTYPE_F32 ? "f32" : "u8", " input, value ", v, " is ",
+              values_[v].dtype == QPACK_DTYPE_F32 ? "f32" : "u8");
+      }
+      check(y.dtype == out, QPACK_STATUS_INVALID_TYPE, "node ", i, " (", kind, ") writes ",
+            out == QPACK_DTYPE_F32 ? "f32" : "u8", ", value ", n.out, " is not");
+    };
+    auto expect_op_output = [&](const OpSpec& s) {
+      if (!s.static_int8()) {
+        expect_dtypes(QPACK_DTYPE_F32, QPACK_DTYPE_F32);
+        return;
+      }
+      expect_dtypes(QPACK_DTYPE_U8, QPACK_DTYPE_U8);
+      check(y.scale == s.output_scale && y.zero_point == s.output_zero_point,
+            QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind, ") requantizes to (",
+            s.output_scale, ", ", s.output_zero_point, ") but value ", n.out, " has (", y.scale,
+            ", ", y.zero_point, ")");
+    };
+    switch (n.kind) {
+      case QPACK_NODE_CONV2D:
+        check(n.conv != nullptr, QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (conv2d) has no conv");
+        expect_op_output(n.conv->spec());
+        break;
+      case QPACK_NODE_LINEAR:
+        check(n.linear != nullptr, QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (linear) has no linear");
+        expect_op_output(n.linear->spec());
+        break;
+      case QPACK_NODE_QUANTIZE: expect_dtypes(QPACK_DTYPE_F32, QPACK_DTYPE_U8); break;
+      case QPACK_NODE_DEQUANTIZE: expect_dtypes(QPACK_DTYPE_U8, QPACK_DTYPE_F32); break;
+      case QPACK_NODE_MAXPOOL2D:
+      case QPACK_NODE_FLATTEN:
+        expect_dtypes(x.dtype, x.dtype);
+        check(same_qparams(x, y), QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind,
+              ") keeps its input's u8 parameters; give value ", n.out, " those of value ", n.in[0]);
+        break;
+      default: expect_dtypes(x.dtype, x.dtype); break;
+    }
+    if (n.kind == QPACK_NODE_MAXPOOL2D || n.kind == QPACK_NODE_AVGPOOL2D) {
+      for (int a = 0; a < 2; ++a) {
+        check(n.kernel[a] >= 1 && n.kernel[a] <= 4096 && n.stride[a] >= 1 && n.stride[a] <= 4096,
+              QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind,
+              "): kernel and stride must be in [1, 4096]");
+      }
+      for (int a = 0; a < 4; ++a) {
+        check(n.pad[a] >= 0 && n.pad[a] <= n.kernel[a % 2] / 2, QPACK_STATUS_INVALID_ARGUMENT,
+              "node ", i, " (", kind, "): padding must be in [0, kernel / 2], as in PyTorch");
+      }
+    }
+    if (n.kind == QPACK_NODE_ADD || n.kind == QPACK_NODE_ACTIVATION) {
+      check(n.act >= QPACK_ACT_NONE && n.act <= QPACK_ACT_SILU, QPACK_STATUS_INVALID_ARGUMENT,
+            "node ", i, " (", kind, ") has an unknown activation ", static_cast<int>(n.act));
+      if (n.act == QPACK_ACT_CLAMP) {
+        check(!std::isnan(n.act_min) && !std::isnan(n.act_max) && n.act_min < n.act_max,
+              QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind,
+              "): clamp needs act_min < act_max, got (", n.act_min, ", ", n.act_max, ")");
+      }
+    }
+    if (n.kind == QPACK_NODE_ACTIVATION && x.dtype == QPACK_DTYPE_U8) {
+      const Q qi{x.scale, x.zero_point}, qo{y.scale, y.zero_point};
+      n.lut.resize(256);
+      for (int b = 0; b < 256; ++b) {
+        n.lut[b] = qo.quant(activate(n.act, n.act_min, n.act_max, qi.deq(static_cast<uint8_t>(b))));
+      }
+    }
+    if (n.kind == QPACK_NODE_AFFINE) {
+      check(!n.affine_scale.empty() && n.affine_scale.size() == n.affine_shift.size(),
+            QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
+            " (affine) needs scale and shift of one length (channels >= 1)");
+      for (size_t c = 0; c < n.affine_scale.size(); ++c) {
+        check(std::isfinite(n.affine_scale[c]) && std::isfinite(n.affine_shift[c]),
+              QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (affine): scale and shift must be finite");
+      }
+    }
+  }
+  for (int v : outputs_) {
+    check_value(v, "output");
+    check(ready[v], QPACK_STATUS_INVALID_ARGUMENT, "output value ", v, " is never produced");
+  }
+}
+
+size_t Graph::nbytes_packed() const {
+  std::vector<const void*> seen;
+  size_t total = 0;
+  for (const auto& n : nodes_) {
+    const void* op = n.conv ? static_cast<const void*>(n.conv.get()) : n.linear.get();
+    if (op == nullptr || std::find(seen.begin(), seen.end(), op) != seen.end()) continue;
+    seen.push_back(op);
+    total += n.conv ? n.conv->kernel().nbytes_packed() : n.linear->kernel().nbytes_packed();
+  }
+  return total;
+}
+
+// ---- planning: shapes and buffers ---------------------------------------------------
+
+Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
+  const Shape& x = shapes[n.in[0]];
+  const char* kind = kind_name(n.kind);
+  auto need_rank = [&](bool ok, const char* what) {
+    check(ok, QPACK_STATUS_INVALID_ARGUMENT, kind, " takes ", what, ", got shape ", shape_str(x));
+  };
+  Shape y = x;
+  switch (n.kind) {
+    case QPACK_NODE_CONV2D: {
+      const ConvSpec& s = n.conv->spec();
+      need_rank(x.rank == 4 && x.d[1] == s.IC, "[N, in_channels, H, W] input");
+      y.d[1] = s.OC;
+      s.output_size(x.d[2], x.d[3], &y.d[2], &y.d[3]);
+      return y;
+    }
+    case QPACK_NODE_LINEAR: {
+      const LinearSpec& s = n.linear->spec();
+      need_rank((x.rank == 2 || x.rank == 3) && x.d[x.rank - 1] == s.K,
+                "a rank-2 or rank-3 input whose last dim is in_features");
+      y.d[x.rank - 1] = s.N;
+      return y;
+    }
+    case QPACK_NODE_ADD:
+      check(shapes[n.in[1]] == x, QPACK_STATUS_INVALID_ARGUMENT, "add takes equal shapes, got ",
+            shape_str(x), " and ", shape_str(shapes[n.in[1]]));
+      return y;
+    case QPACK_NODE_MAXPOOL2D:
+    case QPACK_NODE_AVGPOOL2D:
+      need_rank(x.rank == 4, "a rank-4 [N, C, H, W] input");
+      y.d[2] = pooled(x.d[2], n.kernel[0], n.stride[0], n.pad[0], n.pad[2], n.ceil_mode);
+      y.d[3] = pooled(x.d[3], n.kernel[1], n.stride[1], n.pad[1], n.pad[3], n.ceil_mode);
+      return y;
+    case QPACK_NODE_GLOBAL_AVGPOOL:
+      need_rank(x.rank == 4, "a rank-4 [N, C, H, W] input");
+      if (n.keepdim) {
+        y.d[2] = y.d[3] = 1;
+      } else {
+        y.rank = 2;
+        y.d[2] = y.d[3] = 0;
+      }
+      return y;
+    case QPACK_NODE_FLATTEN:
+      need_rank(x.rank >= 2, "an input of rank 2 or more");
+      y.rank = 2;
+      y.d[1] = x.numel() / std::max<int64_t>(x.d[0], 1);
+      if (x.d[0] == 0) {
+        y.d[1] = 1;
+        for (int i = 1; i < x.rank; ++i) y.d[1] *= x.d[i];
+      }
+      y.d[2] = y.d[3] = 0;
+      return y;
+    case QPACK_NODE_CONCAT: {
+      need_rank(x.rank >= 2, "inputs of rank 2 or more");
+      y.d[1] = 0;
+      for (int v : n.in) {
+        Shape a = shapes[v], b = x;
+        a.d[1] = b.d[1] = 0;
+        check(a == b, QPACK_STATUS_INVALID_ARGUMENT, "concat inputs differ outside dim 1: ",
+              shape_str(shapes[v]), " and ", shape_str(x));
+        y.d[1] += shapes[v].d[1];
+      }
+      return y;
+    }
+    case QPACK_NODE_AFFINE:
+      need_rank(x.rank >= 2 && x.d[1] == static_cast<int64_t>(n.affine_scale.size()),
+                "an input whose dim 1 has as many channels as the affine");
+      return y;
+    default: return y;  // elementwise
+  }
+}
+
+GraphPlan Graph::make_plan(const qpack_tensor* inputs) const {
+  GraphPlan p;
+  const size_t nv = values_.size();
+  p.shapes.assign(nv, Shape{});
+  p.offsets.assign(nv, 0);
+  p.external.assign(nv, false);
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    const qpack_tensor& t = inputs[i];
+    Shape s;
+    s.rank = t.ndim;
+    for (int a = 0; a < t.ndim; ++a) s.d[a] = t.dims[a];
+    p.input_shapes.push_back(s);
+    p.input_layouts.push_back(t.ndim == 4 ? t.layout : QPACK_LAYOUT_NCHW);
+    p.shapes[inputs_[i]] = s;
+    // Used where it is, unless a rank-4 input must become NHWC.
+    p.external[inputs_[i]] = !(t.ndim == 4 && t.layout == QPACK_LAYOUT_NCHW);
+  }
+  for (const auto& n : nodes_) p.shapes[n.out] = infer(n, p.shapes);
+
+  // Buffers by liveness: a value lives from its producer to its last reader
+  // (outputs to the end); first fit over the live blocks.
+  const int steps = static_cast<int>(nodes_.size());
+  std::vector<int> born(nv, -1), dies(nv, -1);
+  for (int v : inputs_) dies[v] = 0;
+  for (int i = 0; i < steps; ++i) {
+    born[nodes_[i].out] = i;
+    dies[nodes_[i].out] = std::max(dies[nodes_[i].out], i);
+    for (int v : nodes_[i].in) dies[v] = std::max(dies[v], i);
+  }
+  for (int v : outputs_) dies[v] = steps;
+  struct Block {
+    size_t offset, size;
+    int dies;
+  };
+  std::vector<Block> live;
+  auto place = [&](int v, int now) {
+    live.erase(std::remove_if(live.begin(), live.end(), [&](const Block& b) { return b.dies < now; }),
+               live.end());
+    const size_t size = (static_cast<size_t>(p.shapes[v].numel()) * elem_size(values_[v].dtype) + 63) / 64 * 64;
+    std::sort(live.begin(), live.end(), [](const Block& a, const Block& b) { return a.offset < b.offset; });
+    size_t offset = 0;
+    for (const Block& b : live) {
+      if (offset + size <= b.offset) break;
+      offset = std::max(offset, b.offset + b.size);
+    }
+    live.push_back(Block{offset, size, dies[v]});
+    p.offsets[v] = offset;
+    p.workspace = std::max(p.workspace, offset + size);
+  };
+  for (int v : inputs_) {
+    if (!p.external[v]) place(v, -1);
+  }
+  for (int i = 0; i < steps; ++i) place(nodes_[i].out, i);
+  return p;
+}
+
+std::shared_ptr<const GraphPlan> Graph::plan_for(const qpack_tensor* inputs, int num_inputs) const {
+  check(num_inputs == static_cast<int>(inputs_.size()), QPACK_STATUS_INVALID_ARGUMENT,
+        "this graph takes ", inputs_.size(), " input(s), got ", num_inputs);
+  check(inputs != nullptr, QPACK_STATUS_INVALID_ARGUMENT, "inputs is NULL");
+  for (int i = 0; i < num_inputs; ++i) {
+    const qpack_tensor& t = inputs[i];
+    const GraphValue& v = values_[inputs_[i]];
+    check(t.dtype == v.dtype, QPACK_STATUS_INVALID_TYPE, "input ", i, " must be ",
+          v.dtype == QPACK_DTYPE_F32 ? "f32" : "u8");
+    check(t.ndim >= 1 && t.ndim <= 4, QPACK_STATUS_INVALID_ARGUMENT, "input ", i,
+          " must have 1 to 4 dims, got ", t.ndim);
+    int64_t total = 1;
+    for (int a = 0; a < t.ndim; ++a) {
+      check(t.dims[a] >= 0 && t.dims[a] <= (int64_t(1) << 31), QPACK_STATUS_INVALID_ARGUMENT,
+            "input ", i, " dim ", a, " = ", t.dims[a], " is outside [0, 2^31]");
+      total *= std::max<int64_t>(t.dims[a], 1);
+      check(total <= (int64_t(1) << 36), QPACK_STATUS_INVALID_ARGUMENT, "input ", i, " is too large");
+    }
+    check(t.ndim != 4 || t.layout == QPACK_LAYOUT_NCHW || t.layout == QPACK_LAYOUT_NHWC,
+          QPACK_STATUS_INVALID_ARGUMENT, "input ", i, " layout must be NCHW or NHWC");
+  }
+  auto matches = [&](const GraphPlan& p) {
+    for (int i = 0; i < num_inputs; ++i) {
+      Shape s;
+      s.rank = inputs[i].ndim;
+      for (int a = 0; a < s.rank; ++a) s.d[a] = inputs[i].dims[a];
+      const qpack_layout l = s.rank == 4 ? inputs[i].layout : QPACK_LAYOUT_NCHW;
+      if (!(p.input_shapes[i] == s) || p.input_layouts[i] != l) return false;
+    }
+    return true;
+  };
+  return plans_.get(matches, [&] {
+    GraphPlan p = make_plan(inputs);
+    counters_.built();
+    size_t seen = max_workspace_.load();
+    while (p.workspace > seen && !max_workspace_.compare_exchange_weak(seen, p.workspace)) {
+    }
+    return p;
+  });
+}
+
+void Graph::output_shapes(const qpack_tensor* inputs, int num_inputs, qpack_tensor* outputs,
+                          int num_outputs) const {
+  check(outputs != nullptr && num_outputs == static_cast<int>(outputs_.size()),
+        QPACK_STATUS_INVALID_ARGUMENT, "this graph has ", outputs_.size(), " output(s), got ",
+        num_outputs);
+  auto plan = plan_for(inputs, num_inputs);
+  for (int i = 0; i < num_outputs; ++i) {
+    const Shape& s = plan->shapes[outputs_[i]];
+    outputs[i].dtype = values_[outputs_[i]].dtype;
+    outputs[i].ndim = s.rank;
+    for (int a = 0; a < 4; ++a) outputs[i].dims[a] = a < s.rank ? s.d[a] : 0;
+  }
+}
+
+// ---- running ----------------------------------------------------------------------------
+
+void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* outputs,
+                int num_outputs) const {
+  check(outputs != nullptr && num_outputs == static_cast<int>(outputs_.size()),
+        QPACK_STATUS_INVALID_ARGUMENT, "this graph has ", outputs_.size(), " output(s), got ",
+        num_outputs);
+  auto plan = plan_for(inputs, num_inputs);
+  for (int i = 0; i < num_outputs; ++i) {
+    const qpack_tensor& t = outputs[i];
+    const Shape& s = plan->shapes[outputs_[i]];
+    bool same = t.ndim == s.rank && t.dtype == values_[outputs_[i]].dtype;
+    for (int a = 0; same && a < s.rank; ++a) same = t.dims[a] == s.d[a];
+    check(same, QPACK_STATUS_INVALID_ARGUMENT, "output ", i, " must be ",
+          values_[outputs_[i]].dtype == QPACK_DTYPE_F32 ? "f32 " : "u8 ", shape_str(s),
+          " (qpack_graph_output_shapes gives it)");
+    check(s.rank != 4 || t.layout == QPACK_LAYOUT_NCHW || t.layout == QPACK_LAYOUT_NHWC,
+          QPACK_STATUS_INVALID_ARGUMENT, "output ", i, " layout must be NCHW or NHWC");
+    check(t.data != nullptr || s.numel() == 0, QPACK_STATUS_INVALID_ARGUMENT, "output ", i,
+          " data is NULL");
+  }
+  for (int i = 0; i < num_inputs; ++i) {
+    check(inputs[i].data != nullptr || plan->input_shapes[i].numel() == 0,
+          QPACK_STATUS_INVALID_ARGUMENT, "input ", i, " data is NULL");
+  }
+  counters_.ran();
+  uint8_t* ws = thread_workspace(std::max<size_t>(plan->workspace, 64));
+  std::vector<uint8_t*> ptrs(values_.size(), nullptr);
+  for (size_t v = 0; v < values_.size(); ++v) ptrs[v] = ws + plan->offsets[v];
+  for (int i = 0; i < num_inputs; ++i) {
+    const int v = inputs_[i];
+    if (plan->external[v]) {
+      ptrs[v] = static_cast<uint8_t*>(inputs[i].data);
+      continue;
+    }
+    const Shape& s = plan->shapes[v];  // NCHW -> NHWC
+    transpose_channels(static_cast<const uint8_t*>(inputs[i].data), s.d[0], s.d[1], s.d[2] * s.d[3],
+                       elem_size(values_[v].dtype), ptrs[v]);
+  }
+  for (const auto& n : nodes_) run_node(n, *plan, ptrs.data());
+  for (int i = 0; i < num_outputs; ++i) {
+    const int v = outputs_[i];
+    const Shape& s = plan->shapes[v];
+    const size_t es = elem_size(values_[v].dtype);
+    if (s.rank == 4 && outputs[i].layout == QPACK_LAYOUT_NCHW) {
+      transpose_channels(ptrs[v], s.d[0], s.d[2] * s.d[3], s.d[1], es,
+                         static_cast<uint8_t*>(outputs[i].data));
+    } else if (s.numel() > 0) {
+      std::memcpy(outputs[i].data, ptrs[v], static_cast<size_t>(s.numel()) * es);
+    }
+  }
+}
+
+void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* ptrs) const {
+  const Shape& xs = plan.shapes[n.in[0]];
+  const Shape& ys = plan.shapes[n.out];
+  const GraphValue& xv = values_[n.in[0]];
+  const GraphValue& yv = values_[n.out];
+  const bool u8 = xv.dtype == QPACK_DTYPE_U8;
+  const uint8_t* x = ptrs[n.in[0]];
+  uint8_t* y = ptrs[n.out];
+  const Q qx{xv.scale, xv.zero_point}, qy{yv.scale, yv.zero_point};
+  const int64_t count = ys.numel();
+  auto* xf = reinterpret_cast<const float*>(x);
+  auto* yf = reinterpret_cast<float*>(y);
+  if (count == 0) return;
+
+  switch (n.kind) {
+    case QPACK_NODE_CONV2D: {
+      const ConvShape s{xs.d[0], xs.d[2], xs.d[3], ys.d[2], ys.d[3], QPACK_LAYOUT_NHWC,
+                        QPACK_LAYOUT_NHWC};
+      if (u8) {
+        n.conv->kernel().run_u8(s, x, qx.scale, qx.zp, y);
+      } else {
+        n.conv->kernel().run_f32(s, xf, yf);
+      }
+      return;
+    }
+    case QPACK_NODE_LINEAR: {
+      const int64_t M = xs.numel() / xs.d[xs.rank - 1];
+      if (u8) {
+        n.linear->kernel().run_u8(M, x, qx.scale, qx.zp, y);
+      } else {
+        n.linear->kernel().run_f32(M, xf, yf);
+      }
+      return;
+    }
+    case QPACK_NODE_ADD: {
+      const uint8_t* x1 = ptrs[n.in[1]];
+      const GraphValue& v1 = values_[n.in[1]];
+      const Q q1{v1.scale, v1.zero_point};
+      const auto act = n.act;
+      const float lo = n.act_min, hi = n.act_max;
+      parallel_range(count, kGrain, [&](int64_t b, int64_t e) {
+        if (u8) {
+          for (int64_t i = b; i < e; ++i) y[i] = qy.quant(activate(act, lo, hi, qx.deq(x[i]) + q1.deq(x1[i])));
+        } else {
+          const float* a = xf;
+          const float* c = reinterpret_cast<const float*>(x1);
+          if (act == QPACK_ACT_NONE) {
+            for (int64_t i = b; i < e; ++i) yf[i] = a[i] + c[i];
+          } else if (act == QPACK_ACT_RELU) {
+            for (int64_t i = b; i < e; ++i) yf[i] = std::max(a[i] + c[i], 0.0f);
+          } else {
+            for (int64_t i = b; i < e; ++i) yf[i] = activate(act, lo, hi, a[i] + c[i]);
+          }
+        }
+      });
+      return;
+    }
+    case QPACK_NODE_MAXPOOL2D:
+    case QPACK_NODE_AVGPOOL2D: {
+      const int64_t N = xs.d[0], C = xs.d[1], H = xs.d[2], W = xs.d[3], OH = ys.d[2], OW = ys.d[3];
+      const bool is_max = n.kind == QPACK_NODE_MAXPOOL2D;
+      parallel_range(N * OH, 1, [&](int64_t b, int64_t e) {
+        std::vector<float> acc(static_cast<size_t>(C));
+        for (int64_t r = b; r < e; ++r) {
+          const int64_t b_n = r / OH, oh = r % OH;
+          for (int64_t ow = 0; ow < OW; ++ow) {
+            const int64_t h0 = oh * n.stride[0] - n.pad[0], w0 = ow * n.stride[1] - n.pad[1];
+            const int64_t h1 = std::min(h0 + n.kernel[0], H + n.pad[2]);
+            const int64_t w1 = std::min(w0 + n.kernel[1], W + n.pad[3]);
+            const int64_t hs = std::max<int64_t>(h0, 0), ws = std::max<int64_t>(w0, 0);
+            const int64_t he = std::min(h1, H), we = std::min(w1, W);
+            const size_t out = static_cast<size_t>(((b_n * OH + oh) * OW + ow) * C);
+            if (is_max) {
+              if (u8) {
+                uint8_t* o = y + out;
+                std::memset(o, 0, static_cast<size_t>(C));
+                for (int64_t h = hs; h < he; ++h) {
+                  for (int64_t w = ws; w < we; ++w) {
+                    const uint8_t* p = x + ((b_n * H + h) * W + w) * C;
+                    for (int64_t c = 0; c < C; ++c) o[c] = std::max(o[c], p[c]);
+                  }
+                }
+              } else {
+                float* o = yf + out;
+                std::fill(o, o + C, -std::numeric_limits<float>::infinity());
+                for (int64_t h = hs; h < he; ++h) {
+                  for (int64_t w = ws; w < we; ++w) {
+                    const float* p = xf + ((b_n * H + h) * W + w) * C;
+                    for (int64_t c = 0; c < C; ++c) o[c] = std::max(o[c], p[c]);
+                  }
+                }
+              }
+              continue;
+            }
+            const int64_t divisor = n.count_include_pad ? (h1 - h0) * (w1 - w0) : (he - hs) * (we - ws);
+            std::fill(acc.begin(), acc.end(), 0.0f);
+            for (int64_t h = hs; h < he; ++h) {
+              for (int64_t w = ws; w < we; ++w) {
+                const size_t in = static_cast<size_t>(((b_n * H + h) * W + w) * C);
+                if (u8) {
+                  for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<float>(x[in + c]) - qx.zp;
+                } else {
+                  for (int64_t c = 0; c < C; ++c) acc[c] += xf[in + c];
+                }
+              }
+            }
+            const float inv = 1.0f / static_cast<float>(std::max<int64_t>(divisor, 1));
+            for (int64_t c = 0; c < C; ++c) {
+              if (u8) {
+                y[out + c] = qy.quant(acc[c] * inv * qx.scale);
+              } else {
+                yf[out + c] = acc[c] * inv;
+              }
+            }
+          }
+        }
+      });
+      return;
+    }
+    case QPACK_NODE_GLOBAL_AVGPOOL: {
+      const int64_t N = xs.d[0], C = xs.d[1], HW = xs.d[2] * xs.d[3];
+      parallel_range(N, 1, [&](int64_t b, int64_t e) {
+        std::vector<float> acc(static_cast<size_t>(C));
+        for (int64_t b_n = b; b_n < e; ++b_n) {
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          for (int64_t p = 0; p < HW; ++p) {
+            const size_t in = static_cast<size_t>((b_n * HW + p) * C);
+            if (u8) {
+              for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<float>(x[in + c]);
+            } else {
+              for (int64_t c = 0; c < C; ++c) acc[c] += xf[in + c];
+            }
+          }
+          const float inv = 1.0f / static_cast<float>(std::max<int64_t>(HW, 1));
+          for (int64_t c = 0; c < C; ++c) {
+            if (u8) {
+              y[b_n * C + c] = qy.quant((acc[c] * inv - qx.zp) * qx.scale);
+            } else {
+              yf[b_n * C + c] = acc[c] * inv;
+            }
+          }
+        }
+      });
+      return;
+    }
+    case QPACK_NODE_FLATTEN: {
+      const size_t es = elem_size(xv.dtype);
+      if (xs.rank == 4 && xs.d[2] * xs.d[3] > 1) {  // NHWC -> NCHW order
+        transpose_channels(x, xs.d[0], xs.d[2] * xs.d[3], xs.d[1], es, y);
+      } else {
+        std::memcpy(y, x, static_cast<size_t>(count) * es);
+      }
+      return;
+    }
+    case QPACK_NODE_CONCAT: {
+      int64_t outer, channels, inner;
+      split_channels(ys, &outer, &channels, &inner);
+      const size_t es = elem_size(yv.dtype);
+      int64_t at = 0;
+      for (int v : n.in) {
+        int64_t o2, c2, i2;
+        split_channels(plan.shapes[v], &o2, &c2, &i2);
+        const GraphValue& iv = values_[v];
+        const Q qi{iv.scale, iv.zero_point};
+        const bool requant = u8 && !(iv.scale == yv.scale && iv.zero_point == yv.zero_point);
+        const int64_t run = c2 * inner;
+        for (int64_t o = 0; o < outer; ++o) {
+          const uint8_t* src = ptrs[v] + static_cast<size_t>(o * run) * es;
+          uint8_t* dst = y + static_cast<size_t>(o * channels * inner + at * inner) * es;
+          if (!requant) {
+            std::memcpy(dst, src, static_cast<size_t>(run) * es);
+          } else {
+            for (int64_t k = 0; k < run; ++k) dst[k] = qy.quant(qi.deq(src[k]));
+          }
+        }
+        at += c2;
+      }
+      return;
+    }
+    case QPACK_NODE_ACTIVATION:
+      parallel_range(count, kGrain, [&](int64_t b, int64_t e) {
+        if (u8) {
+          const uint8_t* lut = n.lut.data();
+          for (int64_t i = b; i < e; ++i) y[i] = lut[x[i]];
+        } else if (n.act == QPACK_ACT_RELU) {
+          for (int64_t i = b; i < e; ++i) yf[i] = std::max(xf[i], 0.0f);
+        } else {
+          for (int64_t i = b; i < e; ++i) yf[i] = activate(n.act, n.act_min, n.act_max, xf[i]);
+        }
+      });
+      return;
+    case QPACK_NODE_AFFINE: {
+      int64_t outer, channels, inner;
+      split_channels(xs, &outer, &channels, &inner);
+      parallel_range(outer, 1, [&](int64_t b, int64_t e) {
+        for (int64_t o = b; o < e; ++o) {
+          for (int64_t c = 0; c < channels; ++c) {
+            const float s = n.affine_scale[c], t = n.affine_shift[c];
+            const int64_t base = (o * channels + c) * inner;
+            for (int64_t k = base; k < base + inner; ++k) {
+              if (u8) {
+                y[k] = qy.quant(qx.deq(x[k]) * s + t);
+              } else {
+                yf[k] = xf[k] * s + t;
+              }
+            }
+          }
+        }
+      });
+      return;
+    }
+    case QPACK_NODE_QUANTIZE:
+      quantize_u8_array(xf, count, QParams{qy.scale, qy.zp}, y);  // parallel inside
+      return;
+    case QPACK_NODE_DEQUANTIZE:
+      parallel_range(count, kGrain, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) yf[i] = qx.deq(x[i]);
+      });
+      return;
+  }
+}
+
+}  // namespace qpack

@@ -1,0 +1,94 @@
+// A frozen graph: typed values and nodes over packed ops, planned once per
+// input shape (shapes, buffers by liveness) and run in one call.
+//
+// Layout: rank-4 values [N, C, H, W] are stored NHWC (channels last), the
+// layout both backends' convolutions run without conversion; other ranks are
+// row-major. Conversions happen only at the graph's inputs and outputs.
+// dtype flows as given: a static int8 convolution writes u8 in its output
+// value's parameters, so u8 stays u8 from op to op.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/cow_cache.h"
+#include "core/op.h"
+#include "core/packed_op.h"
+#include "qpack/qpack.h"
+
+namespace qpack {
+
+struct GraphValue {
+  qpack_dtype dtype = QPACK_DTYPE_F32;
+  float scale = 0;
+  int32_t zero_point = 0;
+};
+
+struct GraphNode {
+  qpack_node_kind kind = QPACK_NODE_CONV2D;
+  std::vector<int> in;
+  int out = -1;
+  std::shared_ptr<const Conv> conv;      // CONV2D, by reference
+  std::shared_ptr<const Linear> linear;  // LINEAR, by reference
+  int64_t kernel[2] = {1, 1}, stride[2] = {1, 1}, pad[4] = {0, 0, 0, 0};  // t, l, b, r
+  bool ceil_mode = false, count_include_pad = true, keepdim = true;
+  qpack_activation act = QPACK_ACT_NONE;
+  float act_min = 0, act_max = 0;
+  std::vector<float> affine_scale, affine_shift;
+  std::vector<uint8_t> lut;  // u8 ACTIVATION: output for each input byte
+};
+
+// Logical dims of a value (rank-4: N, C, H, W whatever the storage).
+struct Shape {
+  int rank = 0;
+  int64_t d[4] = {0, 0, 0, 0};
+  int64_t numel() const;
+  bool operator==(const Shape& o) const;
+};
+
+// One plan: what a run with these input shapes computes and where.
+struct GraphPlan {
+  std::vector<Shape> input_shapes;
+  std::vector<qpack_layout> input_layouts;
+  std::vector<Shape> shapes;      // per value
+  std::vector<size_t> offsets;    // per value: byte offset in the workspace
+  std::vector<bool> external;     // per value: a graph input used in the caller's memory
+  size_t workspace = 0;
+};
+
+class Graph {
+ public:
+  // Validates types and wiring (throws qpack::Error).
+  Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::vector<int> inputs,
+        std::vector<int> outputs);
+
+  void output_shapes(const qpack_tensor* inputs, int num_inputs, qpack_tensor* outputs,
+                     int num_outputs) const;
+  void run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* outputs,
+           int num_outputs) const;
+
+  size_t num_values() const { return values_.size(); }
+  size_t num_nodes() const { return nodes_.size(); }
+  size_t num_inputs() const { return inputs_.size(); }
+  size_t num_outputs() const { return outputs_.size(); }
+  size_t nbytes_packed() const;
+  size_t nbytes_workspace() const { return max_workspace_.load(); }
+  const Counters& counters() const { return counters_; }
+
+ private:
+  std::shared_ptr<const GraphPlan> plan_for(const qpack_tensor* inputs, int num_inputs) const;
+  GraphPlan make_plan(const qpack_tensor* inputs) const;
+  Shape infer(const GraphNode& n, const std::vector<Shape>& shapes) const;
+  void run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* ptrs) const;
+
+  std::vector<GraphValue> values_;
+  std::vector<GraphNode> nodes_;
+  std::vector<int> inputs_, outputs_;
+  mutable Counters counters_;  // states_built: plans; runs
+  mutable std::atomic<size_t> max_workspace_{0};
+  CowCache<GraphPlan> plans_{8, &counters_};
+};
+
+}  // namespace qpack
