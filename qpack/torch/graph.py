@@ -57,6 +57,21 @@ def _activation(node, modules):
     return None
 
 
+def _covers(layer_activation, act):
+    """True when an output already clamped by ``layer_activation`` is unchanged by ``act``."""
+    name, lo, hi = act
+    if layer_activation is None or name not in ("relu", "clamp"):
+        return False
+    if layer_activation == "relu":
+        bounds = (0.0, float("inf"))
+    elif layer_activation == "relu6":
+        bounds = (0.0, 6.0)
+    else:
+        bounds = tuple(layer_activation[1:])
+    want = (0.0, float("inf")) if name == "relu" else (lo, hi)
+    return want[0] <= bounds[0] and bounds[1] <= want[1]
+
+
 def _ints(v, n):
     return tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
 
@@ -141,6 +156,11 @@ class _Lowering:
         act = _activation(node, self.modules)
         if act is not None:
             name, lo, hi = act
+            producer = self.producer(node.args[0])
+            if producer is not None and "layer" in producer and _covers(producer["layer"].activation, act):
+                # a shared ReLU module after a layer that already fused it: a no-op
+                self.value_of[node] = producer["output"]
+                return
             src = self.nodes[-1] if self.nodes else None
             # An activation right after an add that nothing else reads is fused into it.
             if (src is not None and src["kind"] == "add" and src.get("activation") is None
@@ -200,6 +220,13 @@ class _Lowering:
                       shift=(b - mean * scale).float().numpy())
             return
         raise Unsupported(f"{node.op} {node.target}")
+
+    def producer(self, fx_node):
+        v = self.value_of.get(fx_node) if isinstance(fx_node, torch.fx.Node) else None
+        for n in reversed(self.nodes):
+            if n["output"] == v:
+                return n
+        return None
 
     @staticmethod
     def is_flatten(node, m):
@@ -302,11 +329,14 @@ class GraphRunner:
         self._layer_names = layer_names
         self._handle = None
         self._packed_ids = None
+        self._layer_objs = None
 
     # the model owns us; keep a plain reference without registering a submodule
     def _layers(self):
-        mods = dict(self._model_ref.named_modules())
-        return [mods[name] for name in self._layer_names]
+        if self._layer_objs is None:
+            mods = dict(self._model_ref.named_modules())
+            self._layer_objs = [mods[name] for name in self._layer_names]
+        return self._layer_objs
 
     def _graph(self):
         layers = self._layers()

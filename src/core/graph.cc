@@ -1,6 +1,8 @@
 #include "core/graph.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -138,6 +140,77 @@ void transpose_channels(const uint8_t* src, int64_t N, int64_t rows, int64_t col
       }
     }
   }
+}
+
+// A pooling window of output (oh, ow): [hs, he) x [ws, we) inside the input,
+// and the padded window's size for count_include_pad.
+struct Window {
+  int64_t hs, he, ws, we, padded;
+};
+Window window(const GraphNode& n, int64_t H, int64_t W, int64_t oh, int64_t ow) {
+  const int64_t h0 = oh * n.stride[0] - n.pad[0], w0 = ow * n.stride[1] - n.pad[1];
+  const int64_t h1 = std::min(h0 + n.kernel[0], H + n.pad[2]);
+  const int64_t w1 = std::min(w0 + n.kernel[1], W + n.pad[3]);
+  return Window{std::max<int64_t>(h0, 0), std::min(h1, H), std::max<int64_t>(w0, 0), std::min(w1, W),
+                (h1 - h0) * (w1 - w0)};
+}
+
+template <typename T>
+inline void max_into(T* __restrict o, const T* __restrict p, int64_t C) {
+  for (int64_t c = 0; c < C; ++c) o[c] = p[c] > o[c] ? p[c] : o[c];
+}
+
+template <typename T>
+inline void sum_into(float* __restrict acc, const T* __restrict p, int64_t C) {
+  for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<float>(p[c]);
+}
+
+// NHWC max pooling; u8 keeps its parameters, so the max of the bytes is exact.
+template <typename T>
+void max_pool(const T* __restrict x, const Shape& xs, const Shape& ys, const GraphNode& n,
+              T* __restrict y) {
+  const int64_t H = xs.d[2], W = xs.d[3], C = xs.d[1], OH = ys.d[2], OW = ys.d[3];
+  const T lowest = std::numeric_limits<T>::lowest() < 0 ? -std::numeric_limits<T>::infinity()
+                                                        : std::numeric_limits<T>::lowest();
+  parallel_range(ys.d[0] * OH, 1, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t img = r / OH, oh = r % OH;
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const Window win = window(n, H, W, oh, ow);
+        T* __restrict o = y + ((img * OH + oh) * OW + ow) * C;
+        for (int64_t c = 0; c < C; ++c) o[c] = lowest;
+        for (int64_t h = win.hs; h < win.he; ++h) {
+          for (int64_t w = win.ws; w < win.we; ++w) max_into(o, x + ((img * H + h) * W + w) * C, C);
+        }
+      }
+    }
+  });
+}
+
+// NHWC average pooling in float on (x - zp) * scale; out(v) stores each mean.
+template <typename T, typename Out, typename Store>
+void avg_pool(const T* __restrict x, Q q, const Shape& xs, const Shape& ys, const GraphNode& n,
+              const Store& out, Out* __restrict y) {
+  const int64_t H = xs.d[2], W = xs.d[3], C = xs.d[1], OH = ys.d[2], OW = ys.d[3];
+  parallel_range(ys.d[0] * OH, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> acc(static_cast<size_t>(C));
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t img = r / OH, oh = r % OH;
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const Window win = window(n, H, W, oh, ow);
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t h = win.hs; h < win.he; ++h) {
+          for (int64_t w = win.ws; w < win.we; ++w) sum_into(acc.data(), x + ((img * H + h) * W + w) * C, C);
+        }
+        const int64_t inside = (win.he - win.hs) * (win.we - win.ws);
+        const int64_t divisor = n.count_include_pad ? win.padded : inside;
+        const float inv = q.scale / static_cast<float>(std::max<int64_t>(divisor, 1));
+        const float zp_sum = static_cast<float>(q.zp) * static_cast<float>(inside);
+        Out* __restrict o = y + ((img * OH + oh) * OW + ow) * C;
+        for (int64_t c = 0; c < C; ++c) o[c] = out((acc[c] - zp_sum) * inv);
+      }
+    }
+  });
 }
 
 }  // namespace
@@ -510,7 +583,19 @@ void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* output
     transpose_channels(static_cast<const uint8_t*>(inputs[i].data), s.d[0], s.d[1], s.d[2] * s.d[3],
                        elem_size(values_[v].dtype), ptrs[v]);
   }
-  for (const auto& n : nodes_) run_node(n, *plan, ptrs.data());
+  static const bool profile = std::getenv("QPACK_GRAPH_PROFILE") != nullptr;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    if (!profile) {
+      run_node(nodes_[i], *plan, ptrs.data());
+      continue;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    run_node(nodes_[i], *plan, ptrs.data());
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    const Shape& s = plan->shapes[nodes_[i].out];
+    std::fprintf(stderr, "qpack graph node %zu %s %s %.1f us\n", i, kind_name(nodes_[i].kind),
+                 shape_str(s).c_str(), us);
+  }
   for (int i = 0; i < num_outputs; ++i) {
     const int v = outputs_[i];
     const Shape& s = plan->shapes[v];
@@ -564,6 +649,17 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       const Q q1{v1.scale, v1.zero_point};
       const auto act = n.act;
       const float lo = n.act_min, hi = n.act_max;
+      if (u8 && (act == QPACK_ACT_NONE || act == QPACK_ACT_RELU || act == QPACK_ACT_CLAMP)) {
+        uint8_t qlo = 0, qhi = 255;  // the activation is a clamp: in the u8 domain
+        if (act != QPACK_ACT_NONE) {
+          output_bounds_u8(act == QPACK_ACT_RELU ? 0.0f : lo,
+                           act == QPACK_ACT_RELU ? std::numeric_limits<float>::infinity() : hi,
+                           qy.scale, qy.zp, &qlo, &qhi);
+        }
+        add_u8(x, QParams{qx.scale, qx.zp}, x1, QParams{q1.scale, q1.zp}, count,
+               QParams{qy.scale, qy.zp}, qlo, qhi, y);
+        return;
+      }
       parallel_range(count, kGrain, [&](int64_t b, int64_t e) {
         if (u8) {
           for (int64_t i = b; i < e; ++i) y[i] = qy.quant(activate(act, lo, hi, qx.deq(x[i]) + q1.deq(x1[i])));
@@ -582,67 +678,19 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       return;
     }
     case QPACK_NODE_MAXPOOL2D:
-    case QPACK_NODE_AVGPOOL2D: {
-      const int64_t N = xs.d[0], C = xs.d[1], H = xs.d[2], W = xs.d[3], OH = ys.d[2], OW = ys.d[3];
-      const bool is_max = n.kind == QPACK_NODE_MAXPOOL2D;
-      parallel_range(N * OH, 1, [&](int64_t b, int64_t e) {
-        std::vector<float> acc(static_cast<size_t>(C));
-        for (int64_t r = b; r < e; ++r) {
-          const int64_t b_n = r / OH, oh = r % OH;
-          for (int64_t ow = 0; ow < OW; ++ow) {
-            const int64_t h0 = oh * n.stride[0] - n.pad[0], w0 = ow * n.stride[1] - n.pad[1];
-            const int64_t h1 = std::min(h0 + n.kernel[0], H + n.pad[2]);
-            const int64_t w1 = std::min(w0 + n.kernel[1], W + n.pad[3]);
-            const int64_t hs = std::max<int64_t>(h0, 0), ws = std::max<int64_t>(w0, 0);
-            const int64_t he = std::min(h1, H), we = std::min(w1, W);
-            const size_t out = static_cast<size_t>(((b_n * OH + oh) * OW + ow) * C);
-            if (is_max) {
-              if (u8) {
-                uint8_t* o = y + out;
-                std::memset(o, 0, static_cast<size_t>(C));
-                for (int64_t h = hs; h < he; ++h) {
-                  for (int64_t w = ws; w < we; ++w) {
-                    const uint8_t* p = x + ((b_n * H + h) * W + w) * C;
-                    for (int64_t c = 0; c < C; ++c) o[c] = std::max(o[c], p[c]);
-                  }
-                }
-              } else {
-                float* o = yf + out;
-                std::fill(o, o + C, -std::numeric_limits<float>::infinity());
-                for (int64_t h = hs; h < he; ++h) {
-                  for (int64_t w = ws; w < we; ++w) {
-                    const float* p = xf + ((b_n * H + h) * W + w) * C;
-                    for (int64_t c = 0; c < C; ++c) o[c] = std::max(o[c], p[c]);
-                  }
-                }
-              }
-              continue;
-            }
-            const int64_t divisor = n.count_include_pad ? (h1 - h0) * (w1 - w0) : (he - hs) * (we - ws);
-            std::fill(acc.begin(), acc.end(), 0.0f);
-            for (int64_t h = hs; h < he; ++h) {
-              for (int64_t w = ws; w < we; ++w) {
-                const size_t in = static_cast<size_t>(((b_n * H + h) * W + w) * C);
-                if (u8) {
-                  for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<float>(x[in + c]) - qx.zp;
-                } else {
-                  for (int64_t c = 0; c < C; ++c) acc[c] += xf[in + c];
-                }
-              }
-            }
-            const float inv = 1.0f / static_cast<float>(std::max<int64_t>(divisor, 1));
-            for (int64_t c = 0; c < C; ++c) {
-              if (u8) {
-                y[out + c] = qy.quant(acc[c] * inv * qx.scale);
-              } else {
-                yf[out + c] = acc[c] * inv;
-              }
-            }
-          }
-        }
-      });
+      if (u8) {
+        max_pool(x, xs, ys, n, y);
+      } else {
+        max_pool(xf, xs, ys, n, yf);
+      }
       return;
-    }
+    case QPACK_NODE_AVGPOOL2D:
+      if (u8) {
+        avg_pool(x, qx, xs, ys, n, [&](float v) { return qy.quant(v); }, y);
+      } else {
+        avg_pool(xf, Q{1.0f, 0}, xs, ys, n, [](float v) { return v; }, yf);
+      }
+      return;
     case QPACK_NODE_GLOBAL_AVGPOOL: {
       const int64_t N = xs.d[0], C = xs.d[1], HW = xs.d[2] * xs.d[3];
       parallel_range(N, 1, [&](int64_t b, int64_t e) {

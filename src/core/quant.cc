@@ -105,6 +105,20 @@ void quantize_range(const float* x, int64_t n, float inv_scale, float zp, uint8_
 }
 
 QPACK_CLONES
+void affine2_range(const uint8_t* __restrict x0, const uint8_t* __restrict x1, int64_t n, float a,
+                   float b, float c, float lo, float hi, uint8_t* __restrict y) {
+  const float magic = 12582912.0f;  // 1.5 * 2^23: adding and subtracting rounds half to even
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    float v = a * static_cast<float>(x0[i]) + b * static_cast<float>(x1[i]) + c;
+    v = (v + magic) - magic;
+    v = std::max(v, lo);
+    v = std::min(v, hi);
+    y[i] = static_cast<uint8_t>(static_cast<int32_t>(v));
+  }
+}
+
+QPACK_CLONES
 void min_max_range(const float* x, int64_t n, float* lo_out, float* hi_out, int64_t* nan_out) {
   float lo = x[0], hi = x[0];
   int64_t nans = 0;
@@ -148,6 +162,16 @@ void min_max(const float* x, int64_t n, float* min_out, float* max_out) {
         "dynamic quantization needs finite input; the input holds NaN or infinity");
   *min_out = lo;
   *max_out = hi;
+}
+
+void add_u8(const uint8_t* x0, QParams q0, const uint8_t* x1, QParams q1, int64_t n, QParams qy,
+            uint8_t lo, uint8_t hi, uint8_t* y) {
+  const float a = q0.scale / qy.scale, b = q1.scale / qy.scale;
+  const float c = static_cast<float>(qy.zero_point) - a * static_cast<float>(q0.zero_point) -
+                  b * static_cast<float>(q1.zero_point);
+  parallel_chunks(n, kParallelGrain, num_threads(), [&](int, int64_t begin, int64_t end) {
+    affine2_range(x0 + begin, x1 + begin, end - begin, a, b, c, lo, hi, y + begin);
+  });
 }
 
 DynamicInput quantize_dynamic(const float* x, int64_t n) {

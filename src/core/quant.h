@@ -66,6 +66,12 @@ uint8_t* quantize_buffer(size_t size);
 // min/max over x [n]; (0, 0) for n == 0; NaN or infinity is an error.
 void min_max(const float* x, int64_t n, float* min_out, float* max_out);
 
+// y = x0 + x1 on uint8 values with their own parameters, requantized to qy
+// and clamped to [lo, hi] (the u8 bounds of a fused ReLU or clamp): computed
+// as a * x0 + b * x1 + c in float, rounded half to even.
+void add_u8(const uint8_t* x0, QParams q0, const uint8_t* x1, QParams q1, int64_t n, QParams qy,
+            uint8_t lo, uint8_t hi, uint8_t* y);
+
 // A float input quantized for a dynamic int8 run: parameters chosen from its
 // range as PyTorch's dynamic quantization does, values in the calling
 // thread's quantize_buffer (valid until that thread's next call).
