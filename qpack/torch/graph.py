@@ -45,11 +45,13 @@ def _activation(node, modules):
             return "gelu", 0.0, 0.0
         return None
     if node.op == "call_function":
-        if node.target in _ACT_FUNCS and len(node.args) == 1 and not node.kwargs:
+        if len(node.args) != 1 or set(node.kwargs) - {"inplace", "approximate"}:
+            return None
+        if node.target in _ACT_FUNCS and "approximate" not in node.kwargs:
             return _ACT_FUNCS[node.target], 0.0, 0.0
-        if node.target is F.relu6 and len(node.args) == 1:
+        if node.target is F.relu6:
             return "clamp", 0.0, 6.0
-        if node.target is F.gelu and len(node.args) == 1 and node.kwargs.get("approximate", "none") == "none":
+        if node.target is F.gelu and node.kwargs.get("approximate", "none") == "none":
             return "gelu", 0.0, 0.0
         return None
     if node.op == "call_method" and node.target in _ACT_METHODS and len(node.args) == 1:

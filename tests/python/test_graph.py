@@ -1,0 +1,442 @@
+"""Frozen graphs: a frozen model's forward run by the core in one call.
+
+Graph vs eager (fp32) and vs a per-edge int8 reference on small models of
+every node kind, both backends; threads, changing sizes, bad inputs, close,
+saving."""
+import copy
+import io
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the graph tests freeze torch models")
+from torch import nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import qpack  # noqa: E402
+from qpack import _core  # noqa: E402
+from qpack.torch import graph as G  # noqa: E402
+
+from conftest import BACKENDS  # noqa: E402
+
+
+def rel_err(a, b):
+    return float((a - b).norm() / max(float(b.norm()), 1e-12))
+
+
+def close(a, b, tol=1e-5):
+    assert rel_err(a, b) < tol, rel_err(a, b)
+
+
+def conv_bn(cin, cout, k=3, stride=1, groups=1, act=nn.ReLU6):
+    layers = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+    if act is not None:
+        layers.append(act())
+    return nn.Sequential(*layers)
+
+
+def randomize_bn(model):
+    g = torch.Generator().manual_seed(7)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+            m.weight.data.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+            m.bias.data.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+    return model
+
+
+class Residual(nn.Module):
+    """conv-bn-relu, conv-bn, + shortcut, relu (ResNet's basic block, shared ReLU)."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(c, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c)
+        self.c2, self.b2 = nn.Conv2d(c, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c)
+        self.relu = nn.ReLU()
+
+    def forward(self, x):
+        y = self.relu(self.b1(self.c1(x)))
+        return self.relu(self.b2(self.c2(y)) + x)
+
+
+class Inverted(nn.Module):
+    """MobileNetV2's inverted residual with a max-pool stem and a mean head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = conv_bn(3, 8, 3, 2)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        self.block = nn.Sequential(conv_bn(8, 24, 1), conv_bn(24, 24, 3, groups=24), conv_bn(24, 8, 1, act=None))
+        self.head = nn.Sequential(nn.Dropout(0.2), nn.Linear(8, 5))
+
+    def forward(self, x):
+        y = self.pool(self.stem(x))
+        y = y + self.block(y)
+        return self.head(y.mean((2, 3)))
+
+
+class Branches(nn.Module):
+    """Concat of branches, avg pooling (count_include_pad both ways), unfoldable
+    BatchNorm (conv -> relu -> bn), elementwise activations, adaptive pool, flatten."""
+
+    def __init__(self, act):
+        super().__init__()
+        self.a = nn.Conv2d(4, 6, 1)
+        self.b = nn.Conv2d(4, 5, 3, padding=1)
+        self.act = act
+        self.bn = nn.BatchNorm2d(11)
+        self.avg = nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False)
+        self.avg2 = nn.AvgPool2d(2, 2)
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(11, 3)
+
+    def forward(self, x):
+        y = torch.cat([F.relu(self.a(x)), self.b(x)], dim=1)
+        y = self.bn(self.act(y))
+        y = self.avg2(self.avg(y))
+        return self.fc(torch.flatten(self.gap(y), 1))
+
+
+ACTS = [nn.Hardswish(), nn.Sigmoid(), nn.GELU(), nn.SiLU(), nn.ReLU6(), nn.Hardtanh(-0.5, 0.5)]
+
+
+def models():
+    torch.manual_seed(0)
+    out = [("residual", randomize_bn(Residual()).eval(), (2, 8, 9, 11)),
+           ("inverted", randomize_bn(Inverted()).eval(), (1, 3, 32, 30))]
+    out += [(f"branches-{type(a).__name__}", randomize_bn(Branches(a)).eval(), (2, 4, 13, 12)) for a in ACTS]
+    return out
+
+
+MODELS = models()
+
+
+@pytest.mark.parametrize("name,model,shape", MODELS, ids=[m[0] for m in MODELS])
+def test_fp32_graph_matches_eager(name, model, shape):
+    x = torch.randn(shape)
+    f = qpack.freeze(model)
+    runner = G.runner_of(f)
+    assert runner is not None, "the model should lower to one graph"
+    with torch.no_grad():
+        close(f(x), model(x))
+        layers = qpack.freeze(model, graph=False)
+        assert G.runner_of(layers) is None
+        close(f(x), layers(x))
+    assert runner.info()["runs"] >= 2
+    assert "conv2d" in runner.report()
+    # a channels_last input gives the same result
+    with torch.no_grad():
+        close(f(x.contiguous(memory_format=torch.channels_last)), model(x))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name,model,shape", MODELS[:2] + MODELS[2:4], ids=[m[0] for m in MODELS[:4]])
+def test_int8_graph_end_to_end(backend, name, model, shape):
+    calib = [torch.randn(shape) for _ in range(4)]
+    f = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend)
+    runner = G.runner_of(f)
+    assert runner is not None
+    values = runner._spec["values"]
+    assert sum(v[0] == "u8" for v in values) >= len(values) - 2  # u8 between ops
+    x = calib[0]
+    with torch.no_grad():
+        err = rel_err(f(x), model(x))
+    assert err < 0.08, err
+    for m in f.modules():
+        if isinstance(m, (qpack.torch.FrozenConv2d, qpack.torch.FrozenLinear)):
+            assert m.mode == "int8_static" and m.backend == backend
+
+
+# ---- int8: every node kind within one quantum of the per-edge reference ---------------------
+
+def quant(x, s, zp):
+    return torch.clamp(torch.round(x / s) + zp, 0, 255)
+
+
+def deq(q, s, zp):
+    return (q - zp) * s
+
+
+class One(nn.Module):
+    def __init__(self, fn, *mods):
+        super().__init__()
+        self.mods = nn.ModuleList(mods)
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(self, x)
+
+
+ONE_NODE = {
+    "conv": (lambda s, x: s.mods[0](x), lambda: [nn.Conv2d(4, 6, 3, padding=1)]),
+    "depthwise": (lambda s, x: s.mods[0](x), lambda: [nn.Conv2d(4, 4, 3, padding=1, groups=4)]),
+    "add_relu": (lambda s, x: F.relu(s.mods[0](x) + x), lambda: [nn.Conv2d(4, 4, 1)]),
+    "maxpool": (lambda s, x: s.mods[1](s.mods[0](x)), lambda: [nn.Conv2d(4, 4, 1), nn.MaxPool2d(3, 2, 1)]),
+    "avgpool": (lambda s, x: s.mods[1](s.mods[0](x)), lambda: [nn.Conv2d(4, 4, 1), nn.AvgPool2d(3, 2, 1)]),
+    "gap": (lambda s, x: s.mods[0](x).mean((2, 3)), lambda: [nn.Conv2d(4, 4, 1)]),
+    "concat": (lambda s, x: torch.cat([s.mods[0](x), s.mods[1](x)], 1),
+               lambda: [nn.Conv2d(4, 3, 1), nn.Conv2d(4, 2, 1)]),
+    "hardswish": (lambda s, x: s.mods[1](s.mods[0](x)), lambda: [nn.Conv2d(4, 4, 1), nn.Hardswish()]),
+    "sigmoid": (lambda s, x: torch.sigmoid(s.mods[0](x)), lambda: [nn.Conv2d(4, 4, 1)]),
+    "affine": (lambda s, x: s.mods[1](F.relu(s.mods[0](x))), lambda: [nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4)]),
+    "linear": (lambda s, x: s.mods[1](torch.flatten(s.mods[0](x), 1)), lambda: [nn.Conv2d(4, 2, 1), nn.Linear(50, 7)]),
+}
+
+
+def _act(name, lo, hi, v):
+    return {None: lambda: v, "relu": lambda: F.relu(v), "clamp": lambda: torch.clamp(v, lo, hi),
+            "hardswish": lambda: F.hardswish(v), "sigmoid": lambda: torch.sigmoid(v),
+            "gelu": lambda: F.gelu(v), "silu": lambda: F.silu(v)}[name]()
+
+
+def _layer_act(a, v):
+    if a is None:
+        return v
+    if a == "relu":
+        return F.relu(v)
+    if a == "relu6":
+        return torch.clamp(v, 0, 6)
+    return torch.clamp(v, a[1], a[2])
+
+
+def per_edge_reference(f, x):
+    """The graph's nodes run in PyTorch (float, NCHW) on dequantized inputs, each
+    output requantized to its value's parameters: the reference every u8 value
+    of the graph must be within one quantum of."""
+    spec = G.runner_of(f)._spec
+    layers = dict(f.named_modules())
+    vals = spec["values"]
+    env = {spec["inputs"][0]: x}
+
+    def d(v):
+        dt, s, zp = vals[v]
+        return env[v] if dt == "f32" else deq(env[v], s, zp)
+
+    for n in spec["nodes"]:
+        k, ins, o = n["kind"], n["inputs"], n["output"]
+        a = d(ins[0])
+        if k == "quantize":
+            env[o] = quant(a, vals[o][1], vals[o][2])
+            continue
+        if k == "dequantize":
+            env[o] = a
+            continue
+        if k in ("conv2d", "linear"):
+            layer = layers[n["layer"]]
+            w, b = layer.dequantized_weight(), layer.unpack()[1]
+            if k == "conv2d":
+                sp = layer._spec
+                r = F.conv2d(a, w, b, sp["stride"], sp["padding"], sp["dilation"], sp["groups"])
+            else:
+                r = F.linear(a, w, b)
+            r = _layer_act(layer.activation, r)
+        elif k == "add":
+            r = _act(n.get("activation"), n.get("act_min"), n.get("act_max"), a + d(ins[1]))
+        elif k == "activation":
+            r = _act(n["activation"], n.get("act_min"), n.get("act_max"), a)
+        elif k == "maxpool2d":
+            p = n["padding"]
+            r = F.max_pool2d(a, n["kernel"], n["stride"], (p[0], p[1]), ceil_mode=n.get("ceil_mode", False))
+        elif k == "avgpool2d":
+            p = n["padding"]
+            r = F.avg_pool2d(a, n["kernel"], n["stride"], (p[0], p[1]), ceil_mode=n.get("ceil_mode", False),
+                             count_include_pad=n.get("count_include_pad", True))
+        elif k == "global_avgpool":
+            r = a.mean((2, 3), keepdim=n.get("keepdim", True))
+        elif k == "flatten":
+            r = torch.flatten(a, 1)
+        elif k == "concat":
+            r = torch.cat([d(v) for v in ins], 1)
+        elif k == "affine":
+            sh = (1, -1) + (1,) * (a.dim() - 2)
+            r = a * torch.as_tensor(n["scale"]).reshape(sh) + torch.as_tensor(n["shift"]).reshape(sh)
+        else:
+            raise AssertionError(k)
+        env[o] = quant(r, vals[o][1], vals[o][2])
+    return env[spec["outputs"][0]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", sorted(ONE_NODE))
+def test_int8_node_within_one_quantum(backend, kind):
+    fn, mods = ONE_NODE[kind]
+    torch.manual_seed(1)
+    model = randomize_bn(One(fn, *mods())).eval()
+    calib = [torch.randn(2, 4, 5, 5) for _ in range(3)]
+    f = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend)
+    runner = G.runner_of(f)
+    assert runner is not None
+    x = calib[1]
+    with torch.no_grad():
+        ref = per_edge_reference(f, x)
+        y = f(x)
+    out_s = runner._spec["values"][runner._spec["nodes"][-1]["inputs"][0]][1]
+    # the last op's output within one quantum; ops before it keep their own
+    # one-quantum error, which one more op can carry into at most one more
+    assert float((y - ref).abs().max()) <= 2 * out_s + 1e-6, (kind, float((y - ref).abs().max()), out_s)
+
+
+# ---- threads, sizes, bad input, close, saving --------------------------------------------------
+
+def test_many_threads_share_one_graph():
+    model = randomize_bn(Inverted()).eval()
+    f = qpack.freeze(model)
+    xs = [torch.randn(1, 3, 32, 30) for _ in range(4)]
+    with torch.no_grad():
+        refs = [f(x) for x in xs]
+    errors = []
+
+    def work(t):
+        try:
+            for i in range(30):
+                k = (t + i) % 4
+                with torch.no_grad():
+                    if not torch.equal(f(xs[k]), refs[k]):
+                        errors.append("mismatch")
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_changing_input_sizes_plan_once_each():
+    model = randomize_bn(Inverted()).eval()
+    f = qpack.freeze(model)
+    runner = G.runner_of(f)
+    shapes = [(1, 3, 32, 30), (2, 3, 17, 21), (1, 3, 32, 30), (3, 3, 8, 8)]
+    with torch.no_grad():
+        for s in shapes:
+            x = torch.randn(s)
+            close(f(x), model(x))
+    assert runner.info()["plans_built"] == 3
+
+
+def test_bad_inputs_give_clear_errors_and_leave_the_graph_usable():
+    model = randomize_bn(Residual()).eval()
+    f = qpack.freeze(model)
+    x = torch.randn(1, 8, 6, 6)
+    with torch.no_grad():
+        good = f(x)
+        with pytest.raises(qpack.InvalidArgumentError, match="channels"):
+            f(torch.randn(1, 5, 6, 6))
+        with pytest.raises(qpack.InvalidTypeError, match="float32"):
+            f(x.double())
+        assert torch.equal(f(x), good)
+    handle = G.runner_of(f)._graph()
+    arr = x.numpy()
+    with pytest.raises(qpack.InvalidArgumentError, match="takes 1 input"):
+        handle.run([arr, arr], ["nchw", "nchw"])
+    with pytest.raises(qpack.InvalidTypeError, match="float32 or uint8"):
+        handle.run([arr.astype(np.float64)], ["nchw"])
+    with pytest.raises(qpack.InvalidArgumentError, match="in_channels"):
+        handle.run([np.zeros((1, 3, 6, 6), np.float32)], ["nchw"])
+    with pytest.raises(qpack.InvalidTypeError, match="input 0 must be f32"):
+        handle.run([np.zeros((1, 8, 6, 6), np.uint8)], ["nchw"])
+    np.testing.assert_array_equal(handle.run([arr], ["nchw"])[0].transpose(0, 3, 1, 2), good.numpy())
+
+
+GRAPH_ERRORS = [
+    # (values, nodes, inputs, outputs, exception, fragment)
+    ([("f32", 0, 0)], [], [0], [1], qpack.InvalidArgumentError, "output value 1 is outside"),
+    ([("f32", 0, 0), ("f32", 0, 0)], [dict(kind="activation", inputs=[1], output=1, activation="relu")],
+     [0], [1], qpack.InvalidArgumentError, "before any node produces it"),
+    ([("f32", 0, 0), ("f32", 0, 0)], [dict(kind="activation", inputs=[0], output=0, activation="relu")],
+     [0], [0], qpack.InvalidArgumentError, "already produced"),
+    ([("f32", 0, 0), ("u8", 0.1, 3)], [dict(kind="activation", inputs=[0], output=1, activation="relu")],
+     [0], [1], qpack.InvalidTypeError, "writes f32"),
+    ([("f32", 0, 0), ("u8", 0.0, 3)], [dict(kind="quantize", inputs=[0], output=1)],
+     [0], [1], qpack.InvalidArgumentError, "valid scale"),
+    ([("f32", 0, 0), ("f32", 0, 0)], [dict(kind="activation", inputs=[0], output=1, activation="clamp",
+                                           act_min=1.0, act_max=0.0)],
+     [0], [1], qpack.InvalidArgumentError, "act_min < act_max"),
+    ([("f32", 0, 0), ("f32", 0, 0)], [dict(kind="conv2d", inputs=[0], output=1)],
+     [0], [1], qpack.InvalidArgumentError, "has no conv"),
+    ([("f32", 0, 0), ("f32", 0, 0)], [dict(kind="maxpool2d", inputs=[0], output=1, kernel=(2, 2),
+                                           stride=(1, 1), padding=(2, 0, 0, 0))],
+     [0], [1], qpack.InvalidArgumentError, "padding"),
+    ([("u8", 0.1, 0), ("u8", 0.2, 0)], [dict(kind="maxpool2d", inputs=[0], output=1, kernel=(2, 2),
+                                             stride=(2, 2))],
+     [0], [1], qpack.InvalidArgumentError, "keeps its input's u8 parameters"),
+    ([("f32", 0, 0), ("f32", 0, 0)], [dict(kind="add", inputs=[0], output=1)],
+     [0], [1], qpack.InvalidArgumentError, "takes 2 input"),
+]
+
+
+@pytest.mark.parametrize("values,nodes,inputs,outputs,exc,fragment", GRAPH_ERRORS)
+def test_graph_create_rejects(values, nodes, inputs, outputs, exc, fragment):
+    with pytest.raises(exc, match=fragment):
+        _core.GraphHandle(values, nodes, inputs, outputs)
+
+
+def test_plan_errors_name_the_node():
+    g = _core.GraphHandle([("f32", 0, 0), ("f32", 0, 0), ("f32", 0, 0)],
+                          [dict(kind="activation", inputs=[0], output=1, activation="relu"),
+                           dict(kind="add", inputs=[0, 1], output=2)], [0], [2])
+    y = g.run([np.ones((2, 3), np.float32)], ["nchw"])[0]
+    np.testing.assert_array_equal(y, np.full((2, 3), 2.0, np.float32))
+    with pytest.raises(qpack.InvalidArgumentError, match="maxpool2d takes a rank-4"):
+        _core.GraphHandle([("f32", 0, 0), ("f32", 0, 0)],
+                          [dict(kind="maxpool2d", inputs=[0], output=1, kernel=(2, 2), stride=(2, 2))],
+                          [0], [1]).run([np.ones((2, 3), np.float32)], ["nchw"])
+
+
+def test_close_while_running():
+    model = randomize_bn(Inverted()).eval()
+    f = qpack.freeze(model)
+    handle = G.runner_of(f)._graph()
+    x = torch.randn(1, 3, 32, 30).numpy()
+    ref = handle.run([x], ["nchw"])[0]
+    stop, seen = threading.Event(), []
+
+    def work():
+        while not stop.is_set():
+            try:
+                out = handle.run([x], ["nchw"])[0]
+                seen.append(np.array_equal(out, ref))
+            except qpack.ClosedError:
+                seen.append("closed")
+                return
+
+    t = threading.Thread(target=work)
+    t.start()
+    handle.close()
+    t.join(5)
+    stop.set()
+    assert seen and seen[-1] == "closed" and all(s is True for s in seen[:-1])
+    assert handle.info()["closed"]
+    with pytest.raises(qpack.ClosedError):
+        handle.run([x], ["nchw"])
+    # the layers' packed objects are untouched: a new graph over them runs
+    G.runner_of(f)._handle = None
+    with torch.no_grad():
+        close(f(torch.from_numpy(x)), model(torch.from_numpy(x)))
+
+
+def test_saving_unfreeze_and_reload_keep_working():
+    model = randomize_bn(Inverted()).eval()
+    f = qpack.freeze(model, retain=False)
+    x = torch.randn(1, 3, 32, 30)
+    with torch.no_grad():
+        ref = f(x)
+        for g in (pickle.loads(pickle.dumps(f)), copy.deepcopy(f)):
+            assert G.runner_of(g) is not None and G.runner_of(g) is not G.runner_of(f)
+            close(g(x), ref, 1e-6)
+        buf = io.BytesIO()
+        torch.save(f, buf)
+        buf.seek(0)
+        close(torch.load(buf, weights_only=False)(x), ref, 1e-6)
+        u = qpack.unfreeze(f)
+        assert G.runner_of(u) is None
+        close(u(x), ref)
+        # load_state_dict re-packs the layers: the graph follows
+        other = randomize_bn(Inverted()).eval()
+        f.load_state_dict(qpack.freeze(other).state_dict())
+        close(f(x), other(x))
