@@ -27,7 +27,7 @@ from qpack._linear import PackedLinear
 __version__ = "0.1.0"
 
 _TORCH_API = {"freeze": "qpack.torch.freeze", "unfreeze": "qpack.torch.freeze",
-              "memory_report": "qpack.torch.report"}
+              "memory_report": "qpack.torch.report", "graph_report": "qpack.torch.graph"}
 
 
 def __getattr__(name):

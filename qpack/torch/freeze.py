@@ -419,7 +419,7 @@ def _check_eval(model):
 
 
 def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=None, dtype=None,
-           fuse=True, mapping=None, graph=True):
+           fuse=True, mapping=None, graph=True, progress=None):
     """A copy of ``model`` whose Linear/Conv1d/Conv2d layers run on qpack's packed weights.
 
     - ``dtype=None`` keeps each layer's precision: float layers become fp32
@@ -450,7 +450,10 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
       stay NHWC between ops and, for ``dtype="int8"`` with
       ``example_inputs``, uint8 with parameters calibrated per edge
       (``frozen.forward.report()`` lists the plan). Otherwise, or with
-      ``graph=False``, the layers run one by one.
+      ``graph=False``, the layers run one by one. ``qpack.graph_report(frozen)``
+      prints the plan.
+    - ``progress``: a tqdm bar over calibration batches and int8 packing
+      (None: when stderr is a terminal and tqdm is installed).
 
     The model must be in eval mode. Modules without a rule are kept as they are.
     """
@@ -470,7 +473,7 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
         return _freeze_layers(model, backend=backend, retain=retain, inplace=inplace,
                               example_inputs=example_inputs, dtype=dtype, fuse=fuse, mapping=mapping)
     if dtype == "int8" and example_inputs is not None and not inplace:
-        frozen = _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping)
+        frozen = _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, progress)
         if frozen is not None:
             return frozen
     frozen = _freeze_layers(model, backend=backend, retain=retain, inplace=inplace,
@@ -492,7 +495,7 @@ def _try_graph(frozen):
     return low
 
 
-def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping):
+def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, show_progress):
     """A static int8 graph calibrated per edge, or None when the model does not lower."""
     from qpack.torch import graph as _g
     batches = example_inputs if isinstance(example_inputs, list) else [example_inputs]
@@ -504,13 +507,13 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping):
                               dtype=None, fuse=fuse, mapping=mapping)
     try:
         low = _g.lower(fp32)
-        qp = _g.value_qparams(low, _g.calibrate_values(low, batches))
+        qp = _g.value_qparams(low, _g.calibrate_values(low, batches, show_progress))
     except _g.Unsupported:
         return None
     if any(not isinstance(l, (FrozenConv2d, FrozenLinear)) or l.mode != "f32" for l in low.layers):
         return None
     replacements = {}
-    for n in low.nodes:
+    for n in _g.progress(low.nodes, len(low.nodes), "qpack pack int8", show_progress):
         layer = n.get("layer")
         if layer is None or id(layer) in replacements:
             continue

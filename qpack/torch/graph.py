@@ -266,7 +266,7 @@ def lower(model):
 
 # ---- per-edge calibration (static int8 graphs) ----------------------------------------
 
-def calibrate_values(low, batches):
+def calibrate_values(low, batches, show_progress=None):
     """(min, max) of every value of the lowering over the calibration batches."""
     ranges = {}
     wanted = {fx: i for i, fx in enumerate(low.values)}
@@ -283,7 +283,7 @@ def calibrate_values(low, batches):
 
     rec = Recorder(low.gm)
     with torch.no_grad():
-        for batch in batches:
+        for batch in progress(batches, len(batches), "qpack calibrate", show_progress):
             rec.run(*(batch if isinstance(batch, tuple) else (batch,)))
     return ranges
 
@@ -462,6 +462,28 @@ def runner_of(model):
     return r if isinstance(r, GraphRunner) else None
 
 
-__all__ = ["GraphRunner", "Unsupported", "attach", "calibrate_values", "detach", "lower", "runner_of",
-           "value_qparams"]
+def graph_report(model):
+    """The plan of a graph-frozen model, a line per node (op, dtype, qparams,
+    layer, backend, what was fused, packed bytes) and the totals; None when the
+    model runs layer by layer."""
+    r = runner_of(model)
+    return None if r is None else r.report()
+
+
+def progress(iterable, total, desc, enabled):
+    """tqdm over ``iterable`` when enabled (None: when stderr is a terminal) and installed."""
+    import sys
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if enabled:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return iterable
+        return tqdm(iterable, total=total, desc=desc, leave=False)
+    return iterable
+
+
+__all__ = ["GraphRunner", "Unsupported", "attach", "calibrate_values", "detach", "graph_report", "lower",
+           "progress", "runner_of", "value_qparams"]
 

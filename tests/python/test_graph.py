@@ -440,3 +440,21 @@ def test_saving_unfreeze_and_reload_keep_working():
         other = randomize_bn(Inverted()).eval()
         f.load_state_dict(qpack.freeze(other).state_dict())
         close(f(x), other(x))
+
+
+def test_graph_report_and_layer_fallback():
+    model = randomize_bn(Inverted()).eval()
+    f = qpack.freeze(model, dtype="int8", example_inputs=[torch.randn(1, 3, 32, 30)], backend=BACKENDS[0],
+                     progress=False)
+    rep = qpack.graph_report(f)
+    lines = rep.splitlines()
+    assert lines[0].startswith("quantize") and "u8 scale=" in lines[0]
+    assert any("+bn +relu6" in line and "packed=" in line for line in lines)
+    assert "workspace" in lines[-1] and "packed" in lines[-1]
+    assert qpack.graph_report(qpack.freeze(model, graph=False)) is None
+    # inputs the graph cannot plan (rank 3) run the layers one by one: what eager does
+    x3 = torch.randn(3, 32, 30)
+    with pytest.raises(IndexError):
+        model(x3)
+    with pytest.raises(IndexError):
+        f(x3)
