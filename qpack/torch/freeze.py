@@ -483,20 +483,18 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
 
 
 def _try_graph(frozen):
-    """Runs ``frozen`` as one core graph when it lowers; returns the lowering or None."""
+    """Runs ``frozen`` on core graphs where its trace lowers; returns the runner or None."""
     from qpack.torch import graph as _g
     if isinstance(frozen, FROZEN_TYPES):
         return None
     try:
-        low = _g.lower(frozen)
-        _g.attach(frozen, low)
+        return _g.attach(frozen)
     except (_g.Unsupported, InvalidArgumentError, NotImplementedError):
         return None
-    return low
 
 
 def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, show_progress):
-    """A static int8 graph calibrated per edge, or None when the model does not lower."""
+    """Static int8 graphs calibrated per edge, or None when no part of the model lowers."""
     from qpack.torch import graph as _g
     batches = example_inputs if isinstance(example_inputs, list) else [example_inputs]
     if any(isinstance(b, dict) for b in batches):
@@ -505,21 +503,30 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
         warnings.simplefilter("ignore", FreezeWarning)  # a failed trace is reported by the fallback
         fp32 = _freeze_layers(model, backend=backend, retain=True, inplace=False, example_inputs=None,
                               dtype=None, fuse=fuse, mapping=mapping)
+    if isinstance(fp32, FROZEN_TYPES):
+        return None
     try:
-        low = _g.lower(fp32)
-        qp = _g.value_qparams(low, _g.calibrate_values(low, batches, show_progress))
+        gm = _g.trace(fp32)
+    except Exception:  # noqa: BLE001 - untraceable: the layer-by-layer freeze says so
+        return None
+    try:
+        segs = _g.segments(gm)
+        if not segs:
+            return None
+        qp = _g.qparams_by_name(segs, _g.calibrate(gm, batches, show_progress))
     except _g.Unsupported:
         return None
-    if any(not isinstance(l, (FrozenConv2d, FrozenLinear)) or l.mode != "f32" for l in low.layers):
+    if any(layer.mode != "f32" for seg in segs for layer in seg.layers):
         return None
     replacements = {}
-    for n in _g.progress(low.nodes, len(low.nodes), "qpack pack int8", show_progress):
-        layer = n.get("layer")
-        if layer is None or id(layer) in replacements:
+    todo = [(seg, n) for seg in segs for n in seg.nodes if "layer" in n]
+    for seg, n in _g.progress(todo, len(todo), "qpack pack int8", show_progress):
+        layer = n["layer"]
+        if id(layer) in replacements:
             continue
         w, b = layer.unpack()
         q, s = _q.quantize_weight_per_channel(w)
-        (in_s, in_zp), (out_s, out_zp) = qp[n["inputs"][0]], qp[n["output"]]
+        (in_s, in_zp), (out_s, out_zp) = qp[seg.values[n["inputs"][0]].name], qp[seg.values[n["output"]].name]
         common = dict(weight_scale=s, activation=layer.activation, backend=backend, retain=retain,
                       source="qpack_int8", folded_bn=layer._spec.get("folded_bn", False),
                       input_scale=in_s, input_zero_point=in_zp, output_scale=out_s, output_zero_point=out_zp)
@@ -531,13 +538,9 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
             new = FrozenLinear.make("int8_static", q, b, **common)
         replacements[id(layer)] = new.train(False)
     _swap(fp32, replacements)
-    for n in low.nodes:
-        if "layer" in n:
-            n["layer"] = replacements[id(n["layer"])]
-    low.layers = [replacements[id(l)] for l in low.layers]
     try:
-        _g.attach(fp32, low, qp)
-    except (InvalidArgumentError, NotImplementedError):
+        _g.attach(fp32, qp)
+    except (_g.Unsupported, InvalidArgumentError, NotImplementedError):
         return None
     return fp32
 

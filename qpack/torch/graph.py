@@ -45,12 +45,19 @@ def _activation(node, modules):
             return "gelu", 0.0, 0.0
         return None
     if node.op == "call_function":
-        if len(node.args) != 1 or set(node.kwargs) - {"inplace", "approximate"}:
+        if node.target not in (F.hardtanh, F.hardtanh_) and (
+                len(node.args) != 1 or set(node.kwargs) - {"inplace", "approximate"}):
             return None
         if node.target in _ACT_FUNCS and "approximate" not in node.kwargs:
             return _ACT_FUNCS[node.target], 0.0, 0.0
         if node.target is F.relu6:
             return "clamp", 0.0, 6.0
+        if node.target in (F.hardtanh, F.hardtanh_):
+            lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("min_val", -1.0)
+            hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("max_val", 1.0)
+            if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo < hi:
+                return "clamp", float(lo), float(hi)
+            return None
         if node.target is F.gelu and node.kwargs.get("approximate", "none") == "none":
             return "gelu", 0.0, 0.0
         return None
@@ -96,14 +103,18 @@ def _is_spatial_mean(node):
 class _Lowering:
     """fx graph of a layer-frozen model -> the core's values and nodes (f32)."""
 
-    def __init__(self, gm):
+    def __init__(self, gm, modules=None, open_inputs=False):
         self.gm = gm
-        self.modules = dict(gm.named_modules())
+        self.modules = modules if modules is not None else dict(gm.named_modules())
+        self.open_inputs = open_inputs  # a segment: values from outside become inputs
         self.value_of = {}   # fx node -> value index
         self.values = []     # fx node producing each value (for calibration and qparams)
         self.nodes = []      # dicts for _core.GraphHandle
         self.inputs, self.outputs = [], []
+        self.input_nodes = []  # fx nodes feeding the inputs (segments)
+        self.members = []      # fx nodes this lowering took over (segments)
         self.layers = []     # the frozen layers the graph holds, in node order
+        self.output_is_tuple = False
 
     def new_value(self, fx_node):
         self.values.append(fx_node)
@@ -111,9 +122,23 @@ class _Lowering:
         return len(self.values) - 1
 
     def arg(self, a):
+        if isinstance(a, torch.fx.Node) and a not in self.value_of and self.open_inputs:
+            self.inputs.append(self.new_value(a))
+            self.input_nodes.append(a)
         if not isinstance(a, torch.fx.Node) or a not in self.value_of:
             raise Unsupported(f"argument {a!r}")
         return self.value_of[a]
+
+    def snapshot(self):
+        return (len(self.values), len(self.nodes), len(self.inputs), len(self.layers), dict(self.value_of),
+                [dict(n) for n in self.nodes[-1:]])
+
+    def rollback(self, snap):
+        nv, nn_, ni, nl, value_of, last = snap
+        del self.values[nv:], self.nodes[nn_:], self.inputs[ni:], self.input_nodes[ni:], self.layers[nl:]
+        self.value_of = value_of
+        if last:  # an activation fused into the last add is undone too
+            self.nodes[-1] = last[0]
 
     def emit(self, fx_node, kind, inputs, **params):
         out = self.new_value(fx_node)
@@ -264,44 +289,115 @@ def lower(model):
     return _Lowering(gm).lower()
 
 
+# ---- segments: the parts of a trace the core runs ------------------------------------------
+
+_MIN_SEGMENT_NODES = 2  # a lone elementwise op is cheaper in PyTorch than crossing into the core
+
+
+def segments(gm):
+    """Maximal runs of fx nodes (in trace order) the core runs, each a lowering
+    with its own inputs (values from before it) and outputs (values read after
+    it). Nodes it cannot run stay in PyTorch between segments."""
+    modules = dict(gm.named_modules())
+    out, cur = [], None
+
+    def close():
+        if cur is None or not cur.nodes:
+            return
+        members = set(cur.members)
+        outs = []
+        cur.exported = []  # (member read after the segment, index of its value in outputs)
+        for m in cur.members:
+            if any(u not in members for u in m.users):
+                if cur.value_of[m] not in outs:
+                    outs.append(cur.value_of[m])
+                cur.exported.append((m, outs.index(cur.value_of[m])))
+        cur.outputs = outs
+        if outs and (cur.layers or len(cur.nodes) >= _MIN_SEGMENT_NODES):
+            out.append(cur)
+
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            close()
+            cur = None
+            continue
+        if cur is None:
+            cur = _Lowering(gm, modules, open_inputs=True)
+        snap = cur.snapshot()
+        try:
+            cur.lower_node(node)
+            cur.members.append(node)
+        except Unsupported:
+            cur.rollback(snap)
+            close()
+            cur = None
+    close()
+    return out
+
+
+def whole(gm, segs):
+    """The single segment that is the whole trace (inputs = placeholders in
+    order, outputs = the output node's), or None."""
+    if len(segs) != 1:
+        return None
+    seg = segs[0]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = out_node.args[0]
+    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    if seg.input_nodes != placeholders or len(outs) != len(seg.outputs):
+        return None
+    if [seg.value_of.get(o) for o in outs] != seg.outputs:
+        return None
+    seg.output_is_tuple = isinstance(out_node.args[0], (tuple, list))
+    return seg
+
+
 # ---- per-edge calibration (static int8 graphs) ----------------------------------------
 
-def calibrate_values(low, batches, show_progress=None):
-    """(min, max) of every value of the lowering over the calibration batches."""
+def calibrate(gm, batches, show_progress=None):
+    """(min, max) of every float tensor an fx node produces, by node name."""
     ranges = {}
-    wanted = {fx: i for i, fx in enumerate(low.values)}
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n):
             out = super().run_node(n)
-            i = wanted.get(n)
-            if i is not None and torch.is_tensor(out) and out.is_floating_point() and out.numel():
+            if torch.is_tensor(out) and out.is_floating_point() and out.numel():
                 lo, hi = float(out.min()), float(out.max())
-                old = ranges.get(i)
-                ranges[i] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+                old = ranges.get(n.name)
+                ranges[n.name] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
             return out
 
-    rec = Recorder(low.gm)
+    rec = Recorder(gm)
     with torch.no_grad():
         for batch in progress(batches, len(batches), "qpack calibrate", show_progress):
             rec.run(*(batch if isinstance(batch, tuple) else (batch,)))
     return ranges
 
 
-def value_qparams(low, ranges):
-    """u8 (scale, zero_point) per value: its own calibrated range, except where
-    the op keeps its input's (max pooling, flatten: ranges can only shrink)."""
+def value_qparams(seg, ranges):
+    """u8 (scale, zero_point) per value of a segment: its own calibrated range,
+    except where the op keeps its input's (max pooling, flatten)."""
     qp = {}
-    producer = {n["output"]: n for n in low.nodes}
-    for v in range(len(low.values)):
+    producer = {n["output"]: n for n in seg.nodes}
+    for v, fx in enumerate(seg.values):
         n = producer.get(v)
         if n is not None and n["kind"] in ("maxpool2d", "flatten"):
             qp[v] = qp[n["inputs"][0]]
             continue
-        if v not in ranges:
-            raise Unsupported(f"value {v} was not seen in calibration")
-        qp[v] = _q.uint8_qparams(*ranges[v])
+        if fx.name not in ranges:
+            raise Unsupported(f"{fx.name} was not seen in calibration")
+        qp[v] = _q.uint8_qparams(*ranges[fx.name])
     return qp
+
+
+def qparams_by_name(segs, ranges):
+    """{fx node name: (scale, zero_point)} for every value of the segments."""
+    out = {}
+    for seg in segs:
+        for v, qp in value_qparams(seg, ranges).items():
+            out[seg.values[v].name] = qp
+    return out
 
 
 # ---- running -------------------------------------------------------------------------
@@ -317,137 +413,218 @@ def _to_array(t):
     return t.contiguous().numpy(), "nchw"
 
 
+class Segment:
+    """One lowered segment: its core graph over the model's layers (by
+    reference), f32 at its edges (u8 inside for int8: quantize after each
+    input, dequantize before each output)."""
+
+    def __init__(self, low, model, qparams=None):
+        names = {id(m): name for name, m in model.named_modules()}
+        self.layers = []
+        values = [("f32", 0.0, 0) if qparams is None else ("u8",) + tuple(qparams[fx.name])
+                  for fx in low.values]
+        nodes = []
+        for n in low.nodes:
+            n = {k: v for k, v in n.items() if k != "fx"}
+            if "layer" in n:
+                layer = n.pop("layer")
+                if layer not in self.layers:
+                    self.layers.append(layer)
+                n["layer"] = names[id(layer)]
+                n["layer_index"] = self.layers.index(layer)
+            nodes.append(n)
+        inputs, outputs = list(low.inputs), list(low.outputs)
+        if qparams is not None:
+            f32_in = []
+            for v in inputs:
+                values.append(("f32", 0.0, 0))
+                f32_in.append(len(values) - 1)
+                nodes.insert(0, dict(kind="quantize", inputs=[len(values) - 1], output=v))
+            f32_out = []
+            for v in outputs:
+                values.append(("f32", 0.0, 0))
+                f32_out.append(len(values) - 1)
+                nodes.append(dict(kind="dequantize", inputs=[v], output=len(values) - 1))
+            inputs, outputs = f32_in, f32_out
+        self.spec = dict(values=values, nodes=nodes, inputs=inputs, outputs=outputs,
+                         output_is_tuple=low.output_is_tuple)
+        self.handle = None
+        self.packed_ids = None
+
+    def graph(self):
+        ids = [id(layer._packed) for layer in self.layers]
+        if self.handle is None or ids != self.packed_ids:
+            nodes = []
+            for n in self.spec["nodes"]:
+                n = {k: v for k, v in n.items() if k not in ("layer", "layer_index")}
+                if "layer_index" in self.spec["nodes"][len(nodes)]:
+                    n["op"] = self.layers[self.spec["nodes"][len(nodes)]["layer_index"]]._packed._h
+                nodes.append(n)
+            self.handle = _core.GraphHandle(self.spec["values"], nodes, self.spec["inputs"], self.spec["outputs"])
+            self.packed_ids = ids
+        return self.handle
+
+    def run_arrays(self, arrays):
+        outs = self.graph().run([a for a, _ in arrays], [layout for _, layout in arrays])
+        return [torch.from_numpy(o).permute(0, 3, 1, 2) if o.ndim == 4 else torch.from_numpy(o) for o in outs]
+
+    def __call__(self, *args):
+        arrays = [_to_array(a) for a in args]
+        if any(a is None for a in arrays):
+            raise _core.InvalidTypeError("a graph segment takes float32 CPU tensors of rank 1 to 4")
+        return tuple(self.run_arrays(arrays))
+
+
 class GraphRunner:
-    """The forward of a graph-frozen model: the core runs the lowered graph.
+    """The forward of a graph-frozen model.
 
-    Held in the model instance's ``__dict__`` as ``forward`` (so the model
-    keeps its class); not a submodule, so ``state_dict`` is the layers'. It
-    rebuilds its graph when a layer was re-packed (``load_state_dict``), and
-    pickles as the description that rebuilds it from the model's layers."""
+    The whole trace as one core graph when it lowers entirely; otherwise the
+    trace itself with each run of supported ops replaced by a core graph
+    (segments) and PyTorch in between. Held in the model instance's
+    ``__dict__`` as ``forward`` (the model keeps its class); not a submodule,
+    so ``state_dict`` is the layers'. Graphs follow re-packed layers
+    (``load_state_dict``); pickling keeps only the model and the per-value
+    qparams, and the trace is redone on first use."""
 
-    def __init__(self, model, spec, layer_names):
+    def __init__(self, model, qparams=None):
         self._model_ref = model
-        self._spec = spec            # values, nodes (layers by name), inputs, outputs, output_is_tuple
-        self._layer_names = layer_names
-        self._handle = None
-        self._packed_ids = None
-        self._layer_objs = None
+        self._qparams = qparams  # {fx node name: (scale, zero_point)} for int8 graphs
+        self._segments = None
+        self._gm = None          # the rewritten trace when there are several segments
 
-    # the model owns us; keep a plain reference without registering a submodule
-    def _layers(self):
-        if self._layer_objs is None:
-            mods = dict(self._model_ref.named_modules())
-            self._layer_objs = [mods[name] for name in self._layer_names]
-        return self._layer_objs
+    def build(self):
+        try:
+            gm = trace(self._model_ref)
+        except Exception as e:  # noqa: BLE001 - anything fx cannot trace is not a graph
+            raise Unsupported(f"trace: {type(e).__name__}") from None
+        segs = segments(gm)
+        if not segs:
+            raise Unsupported("no op the core runs")
+        full = whole(gm, segs)
+        self._segments = [Segment(seg, self._model_ref, self._qparams) for seg in segs]
+        for s in self._segments:
+            s.graph()  # validate now
+        if full is not None:
+            self._gm = None
+            return self
+        replaced = {}  # a node an earlier segment took over -> its getitem
+        for seg, runner in zip(segs, self._segments):
+            def qpack_segment(*xs, _run=runner):
+                return _run(*xs)
+            args = tuple(replaced.get(n, n) for n in seg.input_nodes)
+            with gm.graph.inserting_before(seg.members[0]):
+                call = gm.graph.call_function(qpack_segment, args)
+            items = {}
+            for k in reversed(range(len(seg.outputs))):
+                with gm.graph.inserting_after(call):
+                    items[k] = gm.graph.call_function(operator.getitem, (call, k))
+            for node, k in seg.exported:
+                node.replace_all_uses_with(items[k])
+                replaced[node] = items[k]
+            for node in reversed(seg.members):
+                gm.graph.erase_node(node)
+        gm.recompile()
+        self._gm = gm
+        return self
+
+    def _ready(self):
+        if self._segments is None:
+            self.build()
+
+    # single-graph views (tests and reports)
+    @property
+    def _spec(self):
+        self._ready()
+        return self._segments[0].spec
 
     def _graph(self):
-        layers = self._layers()
-        ids = [id(l._packed) for l in layers]
-        if self._handle is None or ids != self._packed_ids:
-            by_name = dict(zip(self._layer_names, layers))
-            nodes = []
-            for n in self._spec["nodes"]:
-                n = dict(n)
-                if "layer" in n:
-                    n["op"] = by_name[n.pop("layer")]._packed._h
-                nodes.append(n)
-            self._handle = _core.GraphHandle(self._spec["values"], nodes, self._spec["inputs"],
-                                             self._spec["outputs"])
-            self._packed_ids = ids
-        return self._handle
+        self._ready()
+        return self._segments[0].graph()
+
+    @property
+    def _handle(self):
+        return self._segments[0].handle if self._segments else None
+
+    @_handle.setter
+    def _handle(self, value):
+        self._ready()
+        self._segments[0].handle = value
+
+    @property
+    def num_segments(self):
+        self._ready()
+        return len(self._segments)
 
     def __call__(self, *args, **kwargs):
+        self._ready()
+        model = self._model_ref
+        if kwargs:
+            return type(model).forward(model, *args, **kwargs)
+        if self._gm is not None:
+            return self._gm(*args)
+        seg = self._segments[0]
         arrays = [_to_array(a) for a in args]
-        if kwargs or len(args) != len(self._spec["inputs"]) or any(a is None for a in arrays):
-            return type(self._model_ref).forward(self._model_ref, *args, **kwargs)
+        if len(args) != len(seg.spec["inputs"]) or any(a is None for a in arrays):
+            return type(model).forward(model, *args)
         try:
-            outs = self._graph().run([a for a, _ in arrays], [l for _, l in arrays])
+            result = seg.run_arrays(arrays)
         except _core.InvalidArgumentError:
             # shapes this graph cannot plan (other ranks): the layers one by one
-            return type(self._model_ref).forward(self._model_ref, *args, **kwargs)
-        result = []
-        for o in outs:
-            t = torch.from_numpy(o)
-            result.append(t.permute(0, 3, 1, 2) if o.ndim == 4 else t)
-        if self._spec["output_is_tuple"]:
-            return tuple(result)
-        return result[0]
+            return type(model).forward(model, *args)
+        return tuple(result) if seg.spec["output_is_tuple"] else result[0]
 
     def info(self):
-        return self._graph().info()
+        self._ready()
+        infos = [s.graph().info() for s in self._segments]
+        out = dict(infos[0])
+        for k in ("nbytes_packed", "nbytes_workspace", "plans_built", "runs", "num_nodes", "num_values"):
+            out[k] = sum(i[k] for i in infos)
+        out["segments"] = len(infos)
+        return out
 
     def report(self):
-        """One line per node: op, dtype and qparams of its output, what was fused."""
-        values = self._spec["values"]
+        """One line per node: op, dtype and qparams of its output, layer, what was fused."""
+        self._ready()
         lines = []
-        for n in self._spec["nodes"]:
-            dt, s, zp = values[n["output"]]
-            q = f" scale={s:.6g} zp={zp}" if dt == "u8" else ""
-            extra = ""
-            if "layer" in n:
-                layer = dict(self._model_ref.named_modules())[n["layer"]]
-                spec = layer._spec
-                extra = f" {n['layer']} backend={layer.backend}"
-                if spec.get("folded_bn"):
-                    extra += " +bn"
-                if spec.get("activation") is not None:
-                    extra += f" +{spec['activation']}"
-                extra += f" packed={layer.nbytes_packed}B"
-            elif n.get("activation"):
-                extra = f" +{n['activation']}"
-            ins = ",".join(str(i) for i in n["inputs"])
-            lines.append(f"{n['kind']:<15} ({ins}) -> {n['output']} {dt}{q} NHWC/NC{extra}")
+        for si, seg in enumerate(self._segments):
+            if len(self._segments) > 1:
+                lines.append(f"segment {si}: {len(seg.spec['inputs'])} input(s), {len(seg.spec['outputs'])} "
+                             "output(s), PyTorch around it")
+            values = seg.spec["values"]
+            for n in seg.spec["nodes"]:
+                dt, sc, zp = values[n["output"]]
+                q = f" scale={sc:.6g} zp={zp}" if dt == "u8" else ""
+                extra = ""
+                if "layer_index" in n:
+                    layer = seg.layers[n["layer_index"]]
+                    spec = layer._spec
+                    extra = f" {n['layer']} backend={layer.backend}"
+                    if spec.get("folded_bn"):
+                        extra += " +bn"
+                    if spec.get("activation") is not None:
+                        extra += f" +{spec['activation']}"
+                    extra += f" packed={layer.nbytes_packed}B"
+                elif n.get("activation"):
+                    extra = f" +{n['activation']}"
+                ins = ",".join(str(i) for i in n["inputs"])
+                lines.append(f"{n['kind']:<15} ({ins}) -> {n['output']} {dt}{q} NHWC/NC{extra}")
         info = self.info()
-        lines.append(f"{len(self._spec['nodes'])} nodes, {len(values)} values; packed {info['nbytes_packed']} B, "
+        lines.append(f"{info['num_nodes']} nodes in {info['segments']} graph(s); packed {info['nbytes_packed']} B, "
                      f"workspace {info['nbytes_workspace']} B (largest plan so far)")
         return "\n".join(lines)
 
     def __reduce__(self):
-        return (_rebuild_runner, (self._model_ref, self._spec, self._layer_names))
+        return (GraphRunner, (self._model_ref, self._qparams))
 
     def __deepcopy__(self, memo):
         import copy
-        return GraphRunner(copy.deepcopy(self._model_ref, memo), copy.deepcopy(self._spec, memo),
-                           list(self._layer_names))
+        return GraphRunner(copy.deepcopy(self._model_ref, memo), copy.deepcopy(self._qparams, memo))
 
 
-def _rebuild_runner(model, spec, layer_names):
-    return GraphRunner(model, spec, layer_names)
-
-
-def attach(model, low, qparams=None):
-    """Makes ``model`` run ``low`` as one graph: f32 values, or u8 with
-    ``qparams`` (quantize after each input, dequantize before each output)."""
-    names = {id(m): name for name, m in model.named_modules()}
-    layer_names, values, nodes = [], [], []
-    for v in range(len(low.values)):
-        values.append(("f32", 0.0, 0) if qparams is None else ("u8",) + tuple(qparams[v]))
-    for n in low.nodes:
-        n = {k: v for k, v in n.items() if k != "fx"}
-        if "layer" in n:
-            name = names[id(n["layer"])]
-            if name not in layer_names:
-                layer_names.append(name)
-            n["layer"] = name
-        nodes.append(n)
-    inputs, outputs = list(low.inputs), list(low.outputs)
-    if qparams is not None:
-        # float edges: f32 inputs quantized, outputs dequantized
-        f32_in = []
-        for v in inputs:
-            values.append(("f32", 0.0, 0))
-            f32_in.append(len(values) - 1)
-            nodes.insert(0, dict(kind="quantize", inputs=[len(values) - 1], output=v))
-        f32_out = []
-        for v in outputs:
-            values.append(("f32", 0.0, 0))
-            f32_out.append(len(values) - 1)
-            nodes.append(dict(kind="dequantize", inputs=[v], output=len(values) - 1))
-        inputs, outputs = f32_in, f32_out
-    spec = dict(values=values, nodes=nodes, inputs=inputs, outputs=outputs,
-                output_is_tuple=getattr(low, "output_is_tuple", False))
-    runner = GraphRunner(model, spec, layer_names)
-    runner._graph()  # validate now: a model whose graph the core refuses is not graph-frozen
+def attach(model, qparams=None):
+    """Makes ``model`` run on core graphs (f32, or u8 with ``qparams`` by fx node
+    name); raises Unsupported when no part of it lowers."""
+    runner = GraphRunner(model, qparams).build()
     object.__setattr__(model, "forward", runner)
     return runner
 
@@ -484,6 +661,5 @@ def progress(iterable, total, desc, enabled):
     return iterable
 
 
-__all__ = ["GraphRunner", "Unsupported", "attach", "calibrate_values", "detach", "graph_report", "lower",
-           "progress", "runner_of", "value_qparams"]
-
+__all__ = ["GraphRunner", "Segment", "Unsupported", "attach", "calibrate", "detach", "graph_report", "lower",
+           "progress", "qparams_by_name", "runner_of", "segments", "value_qparams"]

@@ -456,3 +456,43 @@ def test_graph_report_and_layer_fallback():
     # fail as the model's own code does (x.mean((2, 3)) on a rank-3 tensor)
     with pytest.raises(IndexError):
         f(torch.randn(3, 32, 30))
+
+
+class WithCustomOp(nn.Module):
+    """Supported ops around ops the core does not run (torch.roll, LayerNorm, a
+    Python function): the graph splits into segments with PyTorch between."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = conv_bn(3, 8, 3)
+        self.b = conv_bn(8, 8, 3)
+        self.norm = nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.a(x)
+        y = torch.roll(y, 1, dims=3) + y
+        y = self.b(y)
+        y = self.norm(y.mean((2, 3)))
+        return self.fc(y)
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_unsupported_ops_split_the_graph_into_segments(dtype):
+    model = randomize_bn(WithCustomOp()).eval()
+    x = torch.randn(2, 3, 10, 9)
+    kw = dict(dtype="int8", example_inputs=[torch.randn(2, 3, 10, 9) for _ in range(3)],
+              backend=BACKENDS[0]) if dtype else {}
+    f = qpack.freeze(model, **kw)
+    runner = G.runner_of(f)
+    assert runner is not None and runner.num_segments >= 2
+    rep = qpack.graph_report(f)
+    assert rep.count("segment ") == runner.num_segments
+    with torch.no_grad():
+        err = rel_err(f(x), model(x))
+    assert err < (0.08 if dtype else 1e-5), err
+    # saving and copying rebuild the segments
+    g = pickle.loads(pickle.dumps(f))
+    with torch.no_grad():
+        close(g(x), f(x), 1e-6)
+    assert G.runner_of(g).num_segments == runner.num_segments
