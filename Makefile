@@ -151,7 +151,7 @@ cross-test: $(DEPS_STAMP) $(QNNPACK_STAMP)
 	bash third_party/cross_deps.sh
 	nice -n 10 $(CMAKE_BIN) -S . -B $(CROSS_DIR)/x86 $(EMBED_ARGS) -DQPACK_WITH_ONEDNN=OFF \
 	    -DQPACK_BUILD_TESTS=ON -DQPACK_INSTALL=OFF >/dev/null
-	nice -n 10 $(CMAKE_BIN) --build $(CROSS_DIR)/x86 -j$(CROSS_JOBS) --target qpack_golden
+	nice -n 10 $(CMAKE_BIN) --build $(CROSS_DIR)/x86 -j$(CROSS_JOBS) --target qpack_golden qpack
 	$(CROSS_DIR)/x86/tests/qpack_golden write $(CURDIR)/$(CROSS_DIR)/golden_x86.bin
 	set -e; for v in $(CROSS_VARIANTS); do name=$${v%%:*}; flags=$${v#*:}; \
 	  echo "== aarch64 $$name: $${flags//,/ }"; \

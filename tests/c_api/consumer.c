@@ -210,6 +210,38 @@ static void test_retain_policy(void) {
   EXPECT(qpack_build_mobile() == (saved ? 0 : 1), "mobile build releases by default");
 }
 
+/* The same int8 linear with 1 and 2 threads inside the run (OpenMP, or
+ * pthreadpool when built with QPACK_OPENMP=OFF): equal outputs. */
+static void test_threads(void) {
+  enum { TM = 64, TK = 256, TN = 96 };
+  static int8_t w[TN * TK];
+  static uint8_t x[TM * TK], y1[TM * TN], y2[TM * TN];
+  float scale = 0.002f;
+  for (int i = 0; i < TN * TK; ++i) w[i] = (int8_t)((i * 53) % 255 - 127);
+  for (int i = 0; i < TM * TK; ++i) x[i] = (uint8_t)((i * 7) % 256);
+  qpack_linear_params p;
+  qpack_linear_params_init(&p);
+  p.in_features = TK;
+  p.out_features = TN;
+  p.mode = QPACK_MODE_INT8_STATIC;
+  p.weight = w;
+  p.weight_scales = &scale;
+  p.num_weight_scales = 1;
+  p.output_scale = 0.3f;
+  p.output_zero_point = 128;
+  qpack_linear* lin = NULL;
+  EXPECT(qpack_linear_create(&p, &lin) == QPACK_STATUS_SUCCESS, "create int8 (threads)");
+  const int saved = qpack_get_num_threads();
+  qpack_set_num_threads(1);
+  EXPECT(qpack_linear_run_u8(lin, TM, x, 0.05f, 128, y1) == QPACK_STATUS_SUCCESS, "run 1 thread");
+  EXPECT(qpack_set_num_threads(2) == QPACK_STATUS_SUCCESS && qpack_get_num_threads() == 2,
+         "2 threads");
+  EXPECT(qpack_linear_run_u8(lin, TM, x, 0.05f, 128, y2) == QPACK_STATUS_SUCCESS, "run 2 threads");
+  EXPECT(memcmp(y1, y2, sizeof(y1)) == 0, "1 and 2 threads agree");
+  qpack_set_num_threads(saved);
+  qpack_linear_destroy(lin);
+}
+
 int main(void) {
   char buf[256];
   EXPECT(qpack_backend_describe(QPACK_BACKEND_ONEDNN, buf, sizeof(buf)) == QPACK_STATUS_SUCCESS,
@@ -224,6 +256,7 @@ int main(void) {
   test_int8_backends_agree();
   test_bad_params();
   test_retain_policy();
+  test_threads();
   printf("c_api: %d passed, %d failed\n", passes, failures);
   return failures == 0 ? 0 : 1;
 }
