@@ -185,3 +185,16 @@ cross-install: $(DEPS_STAMP) $(QNNPACK_STAMP)
 	    -DCMAKE_TOOLCHAIN_FILE=$(CROSS_TOOLCHAIN) $(CROSS_INSTALL_FLAGS) >/dev/null
 	nice -n 10 $(CMAKE_BIN) --build $(CROSS_INSTALL_BUILD) -j$(CROSS_JOBS)
 	$(CMAKE_BIN) --install $(CROSS_INSTALL_BUILD) --prefix $(PREFIX)
+
+# org.qpack.PackedLinear (src/jni) on this machine's JVM (Debian's default-jdk-headless,
+# third_party/jdk_deps.sh) against a host build configured as for Android
+# (QNNPACK only, QPACK_OPENMP=OFF, QPACK_MOBILE=ON).
+JNI_DIR := build/jni
+jni-test: $(DEPS_STAMP) $(QNNPACK_STAMP)
+	set -e; java_home=$$(bash third_party/jdk_deps.sh); \
+	nice -n 10 $(CMAKE_BIN) -S . -B $(JNI_DIR) $(EMBED_ARGS) -DQPACK_BUILD_JNI=ON -DJAVA_HOME=$$java_home \
+	    -DQPACK_WITH_ONEDNN=OFF -DQPACK_OPENMP=OFF -DQPACK_MOBILE=ON >/dev/null; \
+	nice -n 10 $(CMAKE_BIN) --build $(JNI_DIR) -j2 --target qpack_jni; \
+	rm -rf $(JNI_DIR)/classes; \
+	$$java_home/bin/javac -Xlint:all -Werror -d $(JNI_DIR)/classes src/jni/java/org/qpack/*.java tests/jni/TestPackedLinear.java; \
+	$$java_home/bin/java -Xcheck:jni -Djava.library.path=$(JNI_DIR)/src/jni -cp $(JNI_DIR)/classes TestPackedLinear
