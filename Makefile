@@ -198,3 +198,41 @@ jni-test: $(DEPS_STAMP) $(QNNPACK_STAMP)
 	rm -rf $(JNI_DIR)/classes; \
 	$$java_home/bin/javac -Xlint:all -Werror -d $(JNI_DIR)/classes src/jni/java/org/qpack/*.java tests/jni/TestPackedLinear.java; \
 	$$java_home/bin/java -Xcheck:jni -Djava.library.path=$(JNI_DIR)/src/jni -cp $(JNI_DIR)/classes TestPackedLinear
+
+# Android (arm64-v8a, API 24, libc++ static, QNNPACK only, no OpenMP):
+#   make android ANDROID_NDK=/path/to/android-ndk-r26d \
+#        CPUINFO_SOURCE_DIR=/path/to/cpuinfo PTHREADPOOL_SOURCE_DIR=/path/to/pthreadpool
+# The NDK has neither cpuinfo nor pthreadpool: QNNPACK builds them statically from
+# their sources (PyTorch 1.13.1 pins them in its third_party/). Installs libqpack.so,
+# libqpack_jni.so, qpack.h, the CMake package and the Java sources into ANDROID_PREFIX.
+# No NDK can be installed on the machines this was written on (none on PyPI or in
+# Debian): this target was only checked to fail clearly without one.
+ANDROID_ABI ?= arm64-v8a
+ANDROID_PLATFORM ?= android-24
+ANDROID_BUILD ?= build/android
+ANDROID_PREFIX ?= $(CURDIR)/$(ANDROID_BUILD)/prefix
+.PHONY: android-check
+android-check:
+	@if [ -z "$(ANDROID_NDK)" ]; then \
+	  echo "make android: no NDK given. Pass ANDROID_NDK=<Android NDK r23 or later, the directory with build/cmake/android.toolchain.cmake>."; \
+	  echo "  (None can be installed here: the NDK is neither on PyPI nor in Debian; get it from developer.android.com or the SDK manager.)"; \
+	  exit 2; fi
+	@if [ ! -f "$(ANDROID_NDK)/build/cmake/android.toolchain.cmake" ]; then \
+	  echo "make android: ANDROID_NDK=$(ANDROID_NDK) is not an Android NDK (no build/cmake/android.toolchain.cmake there)."; exit 2; fi
+	@for v in CPUINFO_SOURCE_DIR:$(CPUINFO_SOURCE_DIR):cpuinfo PTHREADPOOL_SOURCE_DIR:$(PTHREADPOOL_SOURCE_DIR):pthreadpool; do \
+	  IFS=: read -r name dir lib <<< "$$v"; \
+	  if [ -z "$$dir" ] || [ ! -f "$$dir/CMakeLists.txt" ]; then \
+	    echo "make android: pass $$name=<a $$lib source tree> (the NDK has no $$lib; PyTorch 1.13.1's third_party/$$lib is the version QNNPACK was built with)."; exit 2; fi; done
+android: android-check $(DEPS_STAMP) $(QNNPACK_STAMP)
+	mkdir -p $(ANDROID_BUILD)/headers
+	for h in fp16.h fp16 fxdiv.h psimd.h; do ln -sfn /usr/include/$$h $(ANDROID_BUILD)/headers/$$h; done
+	nice -n 10 $(CMAKE_BIN) -S . -B $(ANDROID_BUILD)/$(ANDROID_ABI) $(EMBED_ARGS) \
+	    -DCMAKE_TOOLCHAIN_FILE=$(ANDROID_NDK)/build/cmake/android.toolchain.cmake \
+	    -DANDROID_ABI=$(ANDROID_ABI) -DANDROID_PLATFORM=$(ANDROID_PLATFORM) -DANDROID_STL=c++_static \
+	    -DQPACK_WITH_ONEDNN=OFF -DQPACK_OPENMP=OFF -DQPACK_MOBILE=ON -DQPACK_BUILD_JNI=ON \
+	    -DCPUINFO_SOURCE_DIR=$(CPUINFO_SOURCE_DIR) -DPTHREADPOOL_SOURCE_DIR=$(PTHREADPOOL_SOURCE_DIR) \
+	    -DQPACK_HEADER_ONLY_DEPS_DIR=$(CURDIR)/$(ANDROID_BUILD)/headers
+	nice -n 10 $(CMAKE_BIN) --build $(ANDROID_BUILD)/$(ANDROID_ABI) -j2
+	$(CMAKE_BIN) --install $(ANDROID_BUILD)/$(ANDROID_ABI) --prefix $(ANDROID_PREFIX)
+	$(ANDROID_NDK)/toolchains/llvm/prebuilt/linux-x86_64/bin/llvm-strip -o $(ANDROID_BUILD)/libqpack.so.stripped $(ANDROID_PREFIX)/lib/libqpack.so
+	@echo "libqpack.so for $(ANDROID_ABI): $$(stat -c %s $(ANDROID_BUILD)/libqpack.so.stripped) bytes stripped"

@@ -46,6 +46,17 @@ else()
   endif()
   set(USE_SYSTEM_CPUINFO ON CACHE BOOL "" FORCE)
 endif()
+# FP16, FXdiv, psimd: header-only. The system's headers (Debian's libfp16-dev,
+# libfxdiv-dev, libpsimd-dev), or, where the toolchain cannot search the host's
+# /usr/include (the Android NDK), QPACK_HEADER_ONLY_DEPS_DIR: a directory holding
+# fp16.h, fp16/, fxdiv.h and psimd.h (make android links Debian's there).
+set(QPACK_HEADER_ONLY_DEPS_DIR "" CACHE PATH "Directory with fp16.h, fp16/, fxdiv.h, psimd.h")
+if(QPACK_HEADER_ONLY_DEPS_DIR)
+  set(FP16_HDR "${QPACK_HEADER_ONLY_DEPS_DIR}/fp16.h" CACHE FILEPATH "" FORCE)
+  set(FXDIV_HDR "${QPACK_HEADER_ONLY_DEPS_DIR}/fxdiv.h" CACHE FILEPATH "" FORCE)
+  set(PSIMD_HDR "${QPACK_HEADER_ONLY_DEPS_DIR}/psimd.h" CACHE FILEPATH "" FORCE)
+  include_directories(SYSTEM "${QPACK_HEADER_ONLY_DEPS_DIR}")
+endif()
 set(USE_SYSTEM_FP16 ON CACHE BOOL "" FORCE)
 set(USE_SYSTEM_FXDIV ON CACHE BOOL "" FORCE)
 set(USE_SYSTEM_PSIMD ON CACHE BOOL "" FORCE)
