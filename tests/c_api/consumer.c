@@ -111,6 +111,23 @@ static void test_f32(void) {
   qpack_linear_destroy(NULL);
 }
 
+/* A static int8 linear (u8 in and out, output zero point 128), backend AUTO. */
+static qpack_linear_params int8_static_params(int64_t k, int64_t n, const int8_t* w,
+                                              const float* scales, int64_t num_scales,
+                                              float output_scale) {
+  qpack_linear_params p;
+  qpack_linear_params_init(&p);
+  p.in_features = k;
+  p.out_features = n;
+  p.mode = QPACK_MODE_INT8_STATIC;
+  p.weight = w;
+  p.weight_scales = scales;
+  p.num_weight_scales = num_scales;
+  p.output_scale = output_scale;
+  p.output_zero_point = 128;
+  return p;
+}
+
 static void test_int8_backends_agree(void) {
   int8_t w[N * K], w2[N * K];
   uint8_t x[M * K], y1[M * N], y2[M * N];
@@ -133,18 +150,9 @@ static void test_int8_backends_agree(void) {
     backends[nb++] = backends[i];
   }
   for (int i = 0; i < nb; ++i) {
-    qpack_linear_params p;
-    qpack_linear_params_init(&p);
-    p.in_features = K;
-    p.out_features = N;
-    p.mode = QPACK_MODE_INT8_STATIC;
+    qpack_linear_params p = int8_static_params(K, N, w, scales, N, 0.25f);
     p.backend = backends[i];
-    p.weight = w;
-    p.weight_scales = scales;
-    p.num_weight_scales = N;
     p.bias = b;
-    p.output_scale = 0.25f;
-    p.output_zero_point = 128;
     EXPECT(qpack_linear_create(&p, &lin[i]) == QPACK_STATUS_SUCCESS, "create int8 backend %d", i);
   }
   if (nb == 2) {
@@ -219,16 +227,7 @@ static void test_threads(void) {
   float scale = 0.002f;
   for (int i = 0; i < TN * TK; ++i) w[i] = (int8_t)((i * 53) % 255 - 127);
   for (int i = 0; i < TM * TK; ++i) x[i] = (uint8_t)((i * 7) % 256);
-  qpack_linear_params p;
-  qpack_linear_params_init(&p);
-  p.in_features = TK;
-  p.out_features = TN;
-  p.mode = QPACK_MODE_INT8_STATIC;
-  p.weight = w;
-  p.weight_scales = &scale;
-  p.num_weight_scales = 1;
-  p.output_scale = 0.3f;
-  p.output_zero_point = 128;
+  qpack_linear_params p = int8_static_params(TK, TN, w, &scale, 1, 0.3f);
   qpack_linear* lin = NULL;
   EXPECT(qpack_linear_create(&p, &lin) == QPACK_STATUS_SUCCESS, "create int8 (threads)");
   const int saved = qpack_get_num_threads();

@@ -1,6 +1,7 @@
 package org.qpack;
 
 import java.util.concurrent.locks.ReentrantReadWriteLock;
+import java.util.function.LongFunction;
 
 /**
  * A static int8 linear layer packed once by qpack (QNNPACK on ARM): int8 weights
@@ -48,31 +49,16 @@ public final class PackedLinear implements AutoCloseable {
 
   /** input: uint8 [batch, inFeatures]; returns uint8 [batch, outFeatures]. */
   public byte[] run(byte[] input, int batch, float inputScale, int inputZeroPoint) {
-    lock.readLock().lock();
-    try {
-      return nativeRun(live(), input, batch, inputScale, inputZeroPoint);
-    } finally {
-      lock.readLock().unlock();
-    }
+    return withLive(h -> nativeRun(h, input, batch, inputScale, inputZeroPoint));
   }
 
   /** The int8 weights, bit-exact, also after the original was released. */
   public byte[] unpack() {
-    lock.readLock().lock();
-    try {
-      return nativeUnpack(live());
-    } finally {
-      lock.readLock().unlock();
-    }
+    return withLive(PackedLinear::nativeUnpack);
   }
 
   public boolean hasOriginal() {
-    lock.readLock().lock();
-    try {
-      return nativeHasOriginal(live());
-    } finally {
-      lock.readLock().unlock();
-    }
+    return withLive(PackedLinear::nativeHasOriginal);
   }
 
   public boolean isClosed() {
@@ -104,11 +90,17 @@ public final class PackedLinear implements AutoCloseable {
     return nativeBuildInfo();
   }
 
-  private long live() {
-    if (handle == 0) {
-      throw new IllegalStateException("PackedLinear is closed");
+  // Calls body with the native handle while holding the read side of the lock.
+  private <T> T withLive(LongFunction<T> body) {
+    lock.readLock().lock();
+    try {
+      if (handle == 0) {
+        throw new IllegalStateException("PackedLinear is closed");
+      }
+      return body.apply(handle);
+    } finally {
+      lock.readLock().unlock();
     }
-    return handle;
   }
 
   private static native String nativeBuildInfo();
