@@ -243,9 +243,12 @@ static void test_threads(void) {
 
 int main(void) {
   char buf[256];
-  EXPECT(qpack_backend_describe(QPACK_BACKEND_ONEDNN, buf, sizeof(buf)) == QPACK_STATUS_SUCCESS,
-         "describe");
-  printf("%s\n", buf);
+  for (int i = 0; i < qpack_backend_count(); ++i) {
+    qpack_backend_info b;
+    EXPECT(qpack_backend_get_info(i, &b) == QPACK_STATUS_SUCCESS, "backend info");
+    EXPECT(qpack_backend_describe(b.backend, buf, sizeof(buf)) == QPACK_STATUS_SUCCESS, "describe");
+    printf("%s: %s\n", b.name, buf);
+  }
   test_build_info();
   if (have_mode(0, QPACK_MODE_F32)) {
     test_f32();
