@@ -104,3 +104,135 @@ cross-smoke: $(DEPS_STAMP) $(QNNPACK_STAMP)
 	    -DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja
 	nice -n 10 $(CROSS_CMAKE) --build $(CROSS_BUILD) -j$(CROSS_JOBS)
 	cd $(CROSS_BUILD) && $(CROSS_CTEST) --output-on-failure -V
+
+# ---- Embedding: the C library installed, cross-built for aarch64, Android, JNI ----
+# (README "Embedding (C, aarch64, Android)".)
+PREFIX ?= $(CURDIR)/build/prefix
+CMAKE_BIN := $(CURDIR)/$(VENV)/bin/cmake
+CTEST_BIN := $(CURDIR)/$(VENV)/bin/ctest
+EMBED_ARGS = -G Ninja -Wno-dev -Wno-deprecated -DCMAKE_BUILD_TYPE=Release \
+	-DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja \
+	-DQPACK_QNNPACK_SOURCE_DIR=$(CURDIR)/third_party/.cache/qnnpack
+.PHONY: install-c install-test cross-test cross-install android jni-test
+
+# Host build of the C library alone (no Python), installed into PREFIX.
+install-c: $(DEPS_STAMP) $(QNNPACK_STAMP)
+	nice -n 10 $(CMAKE_BIN) -S . -B build/install-c $(EMBED_ARGS) -DQPACK_BUILD_PYTHON=OFF \
+	    -Ddnnl_DIR=$(CURDIR)/$(VENV)/lib/cmake/dnnl >/dev/null
+	nice -n 10 $(CMAKE_BIN) --build build/install-c -j2
+	$(CMAKE_BIN) --install build/install-c --prefix $(PREFIX)
+
+# install-c into a scratch prefix, then tests/install_consumer built against it with
+# find_package (shared and static) and with pkg-config.
+install-test:
+	rm -rf build/install-test
+	$(MAKE) --no-print-directory install-c PREFIX=$(CURDIR)/build/install-test/prefix
+	$(CMAKE_BIN) -S tests/install_consumer -B build/install-test/consumer -G Ninja \
+	    -DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja \
+	    -DCMAKE_PREFIX_PATH=$(CURDIR)/build/install-test/prefix
+	$(CMAKE_BIN) --build build/install-test/consumer
+	cd build/install-test/consumer && $(CTEST_BIN) --output-on-failure
+	PKG_CONFIG_PATH=$(CURDIR)/build/install-test/prefix/lib/pkgconfig; export PKG_CONFIG_PATH; \
+	cc -o build/install-test/pc_shared tests/install_consumer/main.c $$(pkg-config --cflags --libs qpack) -lm && \
+	build/install-test/pc_shared && \
+	c++ -x c -o build/install-test/pc_static tests/install_consumer/main.c -x none $$(pkg-config --cflags --libs qpack-static) && \
+	build/install-test/pc_static
+
+# aarch64: libqpack itself cross-built (QNNPACK only) and tested under qemu-user.
+# Two target builds: QPACK_MOBILE=OFF with OpenMP, QPACK_MOBILE=ON with
+# QPACK_OPENMP=OFF (pthreadpool, what Android uses); each runs the C consumer,
+# the concurrency test, the op tests and the ARM-vs-x86 comparison (the x86
+# build writes the outputs first). Then cross-install into a scratch prefix and
+# tests/install_consumer built against it with the toolchain file, run under qemu.
+CROSS_TOOLCHAIN := $(CURDIR)/cmake/toolchains/aarch64-linux-gnu.cmake
+CROSS_DIR := build/cross-test
+CROSS_VARIANTS := omp:-DQPACK_MOBILE=OFF mobile-noomp:-DQPACK_MOBILE=ON,-DQPACK_OPENMP=OFF
+cross-test: $(DEPS_STAMP) $(QNNPACK_STAMP)
+	bash third_party/cross_deps.sh
+	nice -n 10 $(CMAKE_BIN) -S . -B $(CROSS_DIR)/x86 $(EMBED_ARGS) -DQPACK_WITH_ONEDNN=OFF \
+	    -DQPACK_BUILD_TESTS=ON -DQPACK_INSTALL=OFF >/dev/null
+	nice -n 10 $(CMAKE_BIN) --build $(CROSS_DIR)/x86 -j$(CROSS_JOBS) --target qpack_golden qpack
+	$(CROSS_DIR)/x86/tests/qpack_golden write $(CURDIR)/$(CROSS_DIR)/golden_x86.bin
+	set -e; for v in $(CROSS_VARIANTS); do name=$${v%%:*}; flags=$${v#*:}; \
+	  echo "== aarch64 $$name: $${flags//,/ }"; \
+	  nice -n 10 $(CMAKE_BIN) -S . -B $(CROSS_DIR)/$$name $(EMBED_ARGS) \
+	      -DCMAKE_TOOLCHAIN_FILE=$(CROSS_TOOLCHAIN) -DQPACK_BUILD_TESTS=ON $${flags//,/ } \
+	      -DQPACK_GOLDEN_FILE=$(CURDIR)/$(CROSS_DIR)/golden_x86.bin >/dev/null; \
+	  grep -q 'QPACK_WITH_ONEDNN:BOOL=OFF' $(CROSS_DIR)/$$name/CMakeCache.txt; \
+	  nice -n 10 $(CMAKE_BIN) --build $(CROSS_DIR)/$$name -j$(CROSS_JOBS); \
+	  (cd $(CROSS_DIR)/$$name && $(CTEST_BIN) --output-on-failure -V) | grep -E '^[0-9]+: (c_api|concurrency|test_ops|golden|qpack |qnnpack:|skip|linear|conv|reference)|tests passed|Test +#'; \
+	done
+	rm -rf $(CROSS_DIR)/prefix
+	$(MAKE) --no-print-directory cross-install PREFIX=$(CURDIR)/$(CROSS_DIR)/prefix CROSS_INSTALL_BUILD=$(CROSS_DIR)/mobile-noomp
+	nice -n 10 $(CMAKE_BIN) -S tests/install_consumer -B $(CROSS_DIR)/consumer -G Ninja \
+	    -DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja -DCMAKE_TOOLCHAIN_FILE=$(CROSS_TOOLCHAIN) \
+	    -DCMAKE_PREFIX_PATH=$(CURDIR)/$(CROSS_DIR)/prefix >/dev/null
+	$(CMAKE_BIN) --build $(CROSS_DIR)/consumer
+	cd $(CROSS_DIR)/consumer && $(CTEST_BIN) --output-on-failure
+	@echo "== libqpack.so sizes (bytes; stripped with each toolchain's strip)"
+	@for d in x86 omp mobile-noomp; do f=$$(ls $(CROSS_DIR)/$$d/src/libqpack.so.*.*.* 2>/dev/null | head -1); \
+	  [ -n "$$f" ] || continue; s=$$( [ $$d = x86 ] && echo strip || echo aarch64-linux-gnu-strip ); \
+	  $$s -o $$f.stripped $$f; printf '%-14s %8d  stripped %8d\n' $$d $$(stat -c %s $$f) $$(stat -c %s $$f.stripped); done
+
+# Install an aarch64 build (default: QNNPACK only, QPACK_OPENMP=OFF, release policy of
+# QPACK_MOBILE=ON) into PREFIX: qpack.h, libqpack.so, libqpack_static.a, the CMake
+# package (use it with the same toolchain file) and libcpuinfo.so.0/libpthreadpool.so.0.
+CROSS_INSTALL_BUILD ?= build/cross-install
+CROSS_INSTALL_FLAGS ?= -DQPACK_MOBILE=ON -DQPACK_OPENMP=OFF
+cross-install: $(DEPS_STAMP) $(QNNPACK_STAMP)
+	bash third_party/cross_deps.sh
+	nice -n 10 $(CMAKE_BIN) -S . -B $(CROSS_INSTALL_BUILD) $(EMBED_ARGS) \
+	    -DCMAKE_TOOLCHAIN_FILE=$(CROSS_TOOLCHAIN) $(CROSS_INSTALL_FLAGS) >/dev/null
+	nice -n 10 $(CMAKE_BIN) --build $(CROSS_INSTALL_BUILD) -j$(CROSS_JOBS)
+	$(CMAKE_BIN) --install $(CROSS_INSTALL_BUILD) --prefix $(PREFIX)
+
+# org.qpack.PackedLinear (src/jni) on this machine's JVM (Debian's default-jdk-headless,
+# third_party/jdk_deps.sh) against a host build configured as for Android
+# (QNNPACK only, QPACK_OPENMP=OFF, QPACK_MOBILE=ON).
+JNI_DIR := build/jni
+jni-test: $(DEPS_STAMP) $(QNNPACK_STAMP)
+	set -e; java_home=$$(bash third_party/jdk_deps.sh); \
+	nice -n 10 $(CMAKE_BIN) -S . -B $(JNI_DIR) $(EMBED_ARGS) -DQPACK_BUILD_JNI=ON -DJAVA_HOME=$$java_home \
+	    -DQPACK_WITH_ONEDNN=OFF -DQPACK_OPENMP=OFF -DQPACK_MOBILE=ON >/dev/null; \
+	nice -n 10 $(CMAKE_BIN) --build $(JNI_DIR) -j2 --target qpack_jni; \
+	rm -rf $(JNI_DIR)/classes; \
+	$$java_home/bin/javac -Xlint:all -Werror -d $(JNI_DIR)/classes src/jni/java/org/qpack/*.java tests/jni/TestPackedLinear.java; \
+	$$java_home/bin/java -Xcheck:jni -Djava.library.path=$(JNI_DIR)/src/jni -cp $(JNI_DIR)/classes TestPackedLinear
+
+# Android (arm64-v8a, API 24, libc++ static, QNNPACK only, no OpenMP):
+#   make android ANDROID_NDK=/path/to/android-ndk-r26d \
+#        CPUINFO_SOURCE_DIR=/path/to/cpuinfo PTHREADPOOL_SOURCE_DIR=/path/to/pthreadpool
+# The NDK has neither cpuinfo nor pthreadpool: QNNPACK builds them statically from
+# their sources (PyTorch 1.13.1 pins them in its third_party/). Installs libqpack.so,
+# libqpack_jni.so, qpack.h, the CMake package and the Java sources into ANDROID_PREFIX.
+# No NDK can be installed on the machines this was written on (none on PyPI or in
+# Debian): this target was only checked to fail clearly without one.
+ANDROID_ABI ?= arm64-v8a
+ANDROID_PLATFORM ?= android-24
+ANDROID_BUILD ?= build/android
+ANDROID_PREFIX ?= $(CURDIR)/$(ANDROID_BUILD)/prefix
+.PHONY: android-check
+android-check:
+	@if [ -z "$(ANDROID_NDK)" ]; then \
+	  echo "make android: no NDK given. Pass ANDROID_NDK=<Android NDK r23 or later, the directory with build/cmake/android.toolchain.cmake>."; \
+	  echo "  (None can be installed here: the NDK is neither on PyPI nor in Debian; get it from developer.android.com or the SDK manager.)"; \
+	  exit 2; fi
+	@if [ ! -f "$(ANDROID_NDK)/build/cmake/android.toolchain.cmake" ]; then \
+	  echo "make android: ANDROID_NDK=$(ANDROID_NDK) is not an Android NDK (no build/cmake/android.toolchain.cmake there)."; exit 2; fi
+	@for v in CPUINFO_SOURCE_DIR:$(CPUINFO_SOURCE_DIR):cpuinfo PTHREADPOOL_SOURCE_DIR:$(PTHREADPOOL_SOURCE_DIR):pthreadpool; do \
+	  IFS=: read -r name dir lib <<< "$$v"; \
+	  if [ -z "$$dir" ] || [ ! -f "$$dir/CMakeLists.txt" ]; then \
+	    echo "make android: pass $$name=<a $$lib source tree> (the NDK has no $$lib; PyTorch 1.13.1's third_party/$$lib is the version QNNPACK was built with)."; exit 2; fi; done
+android: android-check $(DEPS_STAMP) $(QNNPACK_STAMP)
+	mkdir -p $(ANDROID_BUILD)/headers
+	for h in fp16.h fp16 fxdiv.h psimd.h; do ln -sfn /usr/include/$$h $(ANDROID_BUILD)/headers/$$h; done
+	nice -n 10 $(CMAKE_BIN) -S . -B $(ANDROID_BUILD)/$(ANDROID_ABI) $(EMBED_ARGS) \
+	    -DCMAKE_TOOLCHAIN_FILE=$(ANDROID_NDK)/build/cmake/android.toolchain.cmake \
+	    -DANDROID_ABI=$(ANDROID_ABI) -DANDROID_PLATFORM=$(ANDROID_PLATFORM) -DANDROID_STL=c++_static \
+	    -DQPACK_WITH_ONEDNN=OFF -DQPACK_OPENMP=OFF -DQPACK_MOBILE=ON -DQPACK_BUILD_JNI=ON \
+	    -DCPUINFO_SOURCE_DIR=$(CPUINFO_SOURCE_DIR) -DPTHREADPOOL_SOURCE_DIR=$(PTHREADPOOL_SOURCE_DIR) \
+	    -DQPACK_HEADER_ONLY_DEPS_DIR=$(CURDIR)/$(ANDROID_BUILD)/headers
+	nice -n 10 $(CMAKE_BIN) --build $(ANDROID_BUILD)/$(ANDROID_ABI) -j2
+	$(CMAKE_BIN) --install $(ANDROID_BUILD)/$(ANDROID_ABI) --prefix $(ANDROID_PREFIX)
+	$(ANDROID_NDK)/toolchains/llvm/prebuilt/linux-x86_64/bin/llvm-strip -o $(ANDROID_BUILD)/libqpack.so.stripped $(ANDROID_PREFIX)/lib/libqpack.so
+	@echo "libqpack.so for $(ANDROID_ABI): $$(stat -c %s $(ANDROID_BUILD)/libqpack.so.stripped) bytes stripped"

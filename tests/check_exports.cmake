@@ -1,8 +1,11 @@
 # cmake -DLIB=libqpack.so -P check_exports.cmake: fails unless every dynamic
 # symbol the library defines is a qpack_* function of qpack.h.
-execute_process(COMMAND nm -D --defined-only "${LIB}" OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+if(NOT NM)
+  set(NM nm)  # CMAKE_NM of the build: the cross toolchain's for a target library
+endif()
+execute_process(COMMAND "${NM}" -D --defined-only "${LIB}" OUTPUT_VARIABLE out RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "nm -D failed on ${LIB}")
+  message(FATAL_ERROR "${NM} -D failed on ${LIB}")
 endif()
 string(REPLACE "\n" ";" lines "${out}")
 set(count 0)

@@ -1,6 +1,7 @@
 // Splitting work over qpack's thread count: the one place the core names its
 // thread runtime (OpenMP, the runtime oneDNN uses and QNNPACK's loops run on
-// in qpack, see backends/qnnpack/threadpool_omp.cc).
+// in qpack, see backends/qnnpack/threadpool_omp.cc). Built without OpenMP
+// (QPACK_OPENMP=OFF) the core's loops run on the calling thread.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +15,13 @@ namespace qpack {
 // items or with one thread). Returns the number of parts.
 template <typename Body>
 int parallel_chunks(int64_t n, int64_t grain, int threads, const Body& body) {
+#ifdef _OPENMP
   const int chunks = (threads <= 1 || n < grain) ? 1 : threads;
+#else
+  (void)grain;  // built without OpenMP (QPACK_OPENMP=OFF): one part, on the caller
+  (void)threads;
+  const int chunks = 1;
+#endif
   if (chunks == 1) {
     body(0, int64_t(0), n);
     return 1;

@@ -159,11 +159,17 @@ void run_conv_backend(qpack_backend backend) {
 
 int main() {
   qpack_set_num_threads(1);
-  run_backend(QPACK_BACKEND_QNNPACK);
-  run_backend(QPACK_BACKEND_ONEDNN);
-  run_conv_backend(QPACK_BACKEND_QNNPACK);
-  run_conv_backend(QPACK_BACKEND_ONEDNN);
+  int ran = 0;
+  for (qpack_backend b : {QPACK_BACKEND_QNNPACK, QPACK_BACKEND_ONEDNN}) {
+    if (!qpack_backend_available(b)) {
+      std::printf("skip backend %d: not in this build\n", static_cast<int>(b));
+      continue;
+    }
+    run_backend(b);
+    run_conv_backend(b);
+    ran += 2;
+  }
   int failures = g_failures.load();
-  std::printf("concurrency: %d passed, %d failed\n", failures == 0 ? 4 : 0, failures);
-  return failures == 0 ? 0 : 1;
+  std::printf("concurrency: %d passed, %d failed\n", failures == 0 ? ran : 0, failures);
+  return failures == 0 && ran > 0 ? 0 : 1;
 }

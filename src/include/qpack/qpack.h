@@ -101,6 +101,25 @@ QPACK_API int qpack_build_mobile(void); /* 1 when built with QPACK_MOBILE=ON */
 /* qpack's version, "MAJOR.MINOR.PATCH" (static storage). */
 QPACK_API const char* qpack_version(void);
 
+/* How this library was built. Strings are static storage. */
+typedef struct qpack_build_info {
+  const char* version;         /* qpack_version() */
+  const char* target_arch;     /* "x86_64", "aarch64", "armv7", ... */
+  const char* qnnpack_kernels; /* QNNPACK micro-kernel family compiled in:
+                                  "sse2", "aarch64-neon", "aarch32-neon", or
+                                  "" without QNNPACK */
+  const char* threading;       /* "openmp" or "pthreadpool" (QPACK_OPENMP=OFF) */
+  int mobile;                  /* QPACK_MOBILE=ON: originals released by default */
+  int with_onednn;             /* oneDNN backend compiled in */
+  int with_qnnpack;            /* QNNPACK backend compiled in */
+} qpack_build_info;
+
+QPACK_API qpack_status qpack_get_build_info(qpack_build_info* info_out);
+/* The same as one NUL-terminated line, e.g. "qpack 0.1.0; arch=aarch64;
+ * backends=qnnpack; qnnpack_kernels=aarch64-neon; threading=pthreadpool;
+ * mobile=1" (truncated to size - 1 characters). */
+QPACK_API qpack_status qpack_build_info_string(char* buf, size_t size);
+
 /* uint8 (scale, zero point) for activations in [min, max] (widened to hold
  * 0), as PyTorch's ChooseQuantizationParams: what dynamic int8 layers use per
  * call and what qpack.freeze calibrates static layers with. */
