@@ -76,7 +76,9 @@ if grep -q '"onednn-cpu-gomp' pyproject.toml; then
 fi
 
 # scikit-build-core splits CMAKE_ARGS like a shell (shlex), so quote each argument.
+# Both backends on every platform (on ARM, QPACK_WITH_ONEDNN defaults to OFF).
 CMAKE_ARGS="${CMAKE_ARGS:-} $(printf '%q ' "-DQPACK_QNNPACK_SOURCE_DIR=$QPACK_QNNPACK_SOURCE_DIR" \
+  "-DQPACK_WITH_ONEDNN=ON" \
   ${qnnpack_args[@]+"${qnnpack_args[@]}"})"
 export CMAKE_ARGS
 "$PYTHON" -m pip install . --no-deps --no-build-isolation -vv
