@@ -262,13 +262,20 @@ class Bench:
         p = self.peak.get(key)
         return None if p is None else p * threads
 
-    def measure(self, label, dtype, make, inputs, threads, macs):
-        """Builds at `threads`, times; (model, cells) with cells = [ms, used, rate]."""
-        set_threads(threads)
-        m = make(threads)
+    def measure(self, label, dtype, make, inputs, threads, macs, prebuilt=None):
+        """Builds at `threads` (or takes `prebuilt`), times; (model, cells) with
+        cells = [ms, used, rate]."""
+        if prebuilt is None:
+            set_threads(threads)
+            m = make(threads)
+        else:
+            m = prebuilt
+            set_threads(threads)
         with torch.inference_mode():
             r = timed(lambda: call(m, inputs), **self.time_kw())
-        used = f"{r.threads_used}"
+        # threads that worked, and CPU seconds per wall second: far below the threads
+        # used means they waited for each other (a busy machine)
+        used = f"{r.threads_used} ({r.cpu_per_wall:.2f})"
         if r.threads_used > threads:
             used += " !"
             self.flagged.append(f"{label} @{threads} thr: {r.threads_used} threads worked "
@@ -350,9 +357,16 @@ def models_table(bench, args, threads):
             onnx = OrtFiles(model, x, calib, d)
             for cfg, dtype, make in configurations(model, x, calib, onnx):
                 cells, graph, mb, err = [], "-", "-", "-"
+                prebuilt = None
+                if args.build_once:  # the old harness: built once at the process default, then re-threaded
+                    set_threads(os.cpu_count())
+                    try:
+                        prebuilt = make(os.cpu_count())
+                    except Exception:  # noqa: BLE001 - reported below, row by row
+                        pass
                 for i, t in enumerate(threads):
                     try:
-                        m, c = bench.measure(f"{name} / {cfg}", dtype, make, x, t, macs)
+                        m, c = bench.measure(f"{name} / {cfg}", dtype, make, x, t, macs, prebuilt)
                     except Exception as e:  # noqa: BLE001 - a benchmark reports what it could not run
                         failures.append(f"{name} / {cfg} @{t} thr: {short_error(e)}")
                         cells += ["-", "-", "-"]
@@ -378,7 +392,7 @@ def models_table(bench, args, threads):
                                    f"{errs.get('ORT int8 static QDQ', float('nan')):.4f}", verdict])
     head = ["model", "configuration", "qpack ran as"]
     for t in threads:
-        head += [f"ms @{t} thr", f"threads used @{t}", f"G op/s @{t} (% of peak)"]
+        head += [f"ms @{t} thr", f"threads used @{t} (CPU/wall)", f"G op/s @{t} (% of peak)"]
     head += ["weights MB", "rel. err vs eager"]
     print(fmt_table(head, rows))
     if errors:
@@ -462,7 +476,7 @@ def layers_table(bench, args):
                                  f"{err:.4f}", ratio])
     print("\nSingle layers, 1 thread, float tensor in and out (ratio: qpack / fastest peer of the same "
           "dtype; the goal is <= 1):\n")
-    print(fmt_table(["layer", "dtype", "configuration", "qpack ran as", "µs", "threads used",
+    print(fmt_table(["layer", "dtype", "configuration", "qpack ran as", "µs", "threads used (CPU/wall)",
                      "G op/s (% of peak)", "rel. err vs eager", "ratio"], rows))
     return failures
 
@@ -478,6 +492,9 @@ def main():
                    help="comma list of mobilenetv2, resnet18, speech, minilm, or all")
     p.add_argument("--layers", action="store_true", help="add the single-layer table")
     p.add_argument("--layers-only", action="store_true", help="only the single-layer table")
+    p.add_argument("--build-once", action="store_true",
+                   help="the old method, to see the thread check catch it: build each configuration once at "
+                        "the process default threads and only call set_num_threads before timing")
     p.add_argument("--report", action="store_true", help="print each qpack graph's plan (runner.report())")
     args = p.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
