@@ -10,15 +10,7 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 def median_us(fn, *, min_time=0.3, min_iters=10, max_iters=2000, warmup=3):
     """Median wall time of fn() in microseconds."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    start = time.perf_counter()
-    while len(times) < min_iters or (time.perf_counter() - start < min_time and len(times) < max_iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+    return timed(fn, min_time=min_time, min_runs=min_iters, max_runs=max_iters, warmup=warmup).median_ms * 1e3
 
 
 def _task_cpu_s(tid):
