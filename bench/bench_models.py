@@ -251,6 +251,7 @@ class Bench:
     def __init__(self, args, peak):
         self.args, self.peak = args, peak
         self.flagged = []
+        self.contended = []
 
     def time_kw(self):
         if self.args.quick:
@@ -281,6 +282,9 @@ class Bench:
             self.flagged.append(f"{label} @{threads} thr: {r.threads_used} threads worked "
                                 f"(CPU/wall {r.cpu_per_wall:.2f}; per thread s: "
                                 f"{', '.join(f'{c:.2f}' for c in r.per_thread[:4])} over {r.wall_s:.2f} s)")
+        elif r.cpu_per_wall < 0.75 * min(threads, r.threads_used):
+            used += " ~"   # its threads waited: the machine is busy, the timing is not valid
+            self.contended.append(f"{label} @{threads} thr")
         rate = 2 * macs / (r.median_ms * 1e-3) / 1e9
         peak = self.peak_of(dtype, threads)
         if peak:
@@ -521,6 +525,9 @@ def main():
                                       if not bench.flagged else "FLAGGED"))
     for f in bench.flagged:
         print(f"- {f}")
+    if bench.contended:
+        print(f"\nContended rows (\"~\": CPU/wall below 0.75 x threads, i.e. threads waited for a busy "
+              f"machine; re-run them on a quiet one): {len(bench.contended)}")
     if failures:
         print("\nConfigurations that could not be set up or run:")
         for f in failures:
