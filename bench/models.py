@@ -84,3 +84,36 @@ def speech_mlp(features=80, width=2048, depth=7, outputs=4000):
         cin = width
     layers.append(nn.Linear(cin, outputs))
     return nn.Sequential(*layers)
+
+
+def trained_like(model, example_shape, batches=4, seed=0):
+    """Gives a randomly initialised conv net the statistics of a trained one, so that
+    activations neither vanish nor explode through depth (with PyTorch's default init
+    MobileNetV2's logits collapse to the classifier bias and every int8 error looks
+    tiny): torchvision's init (Kaiming normal fan-out convs, N(0, 0.01) Linear, zero
+    biases), then BatchNorm running statistics estimated on random batches in train
+    mode (cumulative average), so the folded BatchNorms are not identities."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, (nn.Conv1d, nn.Conv2d)):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", generator=g)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, 0, 0.01, generator=g)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
+            m.reset_running_stats()
+            m.momentum = None
+            with torch.no_grad():
+                m.weight.uniform_(0.5, 1.5, generator=g)
+                m.bias.uniform_(-0.2, 0.2, generator=g)
+    model.train()
+    with torch.no_grad():
+        for _ in range(batches):
+            model(torch.randn(*example_shape, generator=g))
+    for m in model.modules():
+        if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
+            m.momentum = 0.1
+    return model.eval()
