@@ -128,17 +128,34 @@ uint8_t* thread_workspace(size_t size) {
   return buffer.get();
 }
 
-// [N, C, HW] <-> [N, HW, C] for elements of `es` bytes.
+// [N, rows, cols] -> [N, cols, rows] ([N, C, HW] <-> [N, HW, C]), in tiles
+// that stay in cache, typed by element size (1 or 4 bytes).
+template <typename T>
+void transpose_tiles(const T* __restrict src, int64_t N, int64_t rows, int64_t cols, T* __restrict dst) {
+  constexpr int64_t kTile = 32;
+  for (int64_t n = 0; n < N; ++n) {
+    const T* s = src + n * rows * cols;
+    T* d = dst + n * rows * cols;
+    parallel_range((rows + kTile - 1) / kTile, 8, [&](int64_t b, int64_t e) {
+      for (int64_t r0 = b * kTile; r0 < std::min(rows, e * kTile); r0 += kTile) {
+        const int64_t r1 = std::min(rows, r0 + kTile);
+        for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+          const int64_t c1 = std::min(cols, c0 + kTile);
+          for (int64_t r = r0; r < r1; ++r) {
+            for (int64_t c = c0; c < c1; ++c) d[c * rows + r] = s[r * cols + c];
+          }
+        }
+      }
+    });
+  }
+}
+
 void transpose_channels(const uint8_t* src, int64_t N, int64_t rows, int64_t cols, size_t es,
                         uint8_t* dst) {
-  for (int64_t n = 0; n < N; ++n) {
-    const uint8_t* s = src + static_cast<size_t>(n * rows * cols) * es;
-    uint8_t* d = dst + static_cast<size_t>(n * rows * cols) * es;
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) {
-        std::memcpy(d + static_cast<size_t>(c * rows + r) * es, s + static_cast<size_t>(r * cols + c) * es, es);
-      }
-    }
+  if (es == 4) {
+    transpose_tiles(reinterpret_cast<const float*>(src), N, rows, cols, reinterpret_cast<float*>(dst));
+  } else {
+    transpose_tiles(src, N, rows, cols, dst);
   }
 }
 
@@ -439,6 +456,7 @@ GraphPlan Graph::make_plan(const qpack_tensor* inputs) const {
   p.shapes.assign(nv, Shape{});
   p.offsets.assign(nv, 0);
   p.external.assign(nv, false);
+  p.nchw.assign(nv, false);
   for (size_t i = 0; i < inputs_.size(); ++i) {
     const qpack_tensor& t = inputs[i];
     Shape s;
@@ -447,8 +465,17 @@ GraphPlan Graph::make_plan(const qpack_tensor* inputs) const {
     p.input_shapes.push_back(s);
     p.input_layouts.push_back(t.ndim == 4 ? t.layout : QPACK_LAYOUT_NCHW);
     p.shapes[inputs_[i]] = s;
-    // Used where it is, unless a rank-4 input must become NHWC.
-    p.external[inputs_[i]] = !(t.ndim == 4 && t.layout == QPACK_LAYOUT_NCHW);
+    // Used where it is, unless a rank-4 input must become NHWC: convolutions
+    // and quantize nodes read NCHW themselves (oneDNN picks its kernel for it;
+    // quantize transposes the bytes), other consumers need a converted copy.
+    const bool nchw = t.ndim == 4 && t.layout == QPACK_LAYOUT_NCHW;
+    bool direct = true;
+    for (const auto& n : nodes_) {
+      const bool reads = std::find(n.in.begin(), n.in.end(), inputs_[i]) != n.in.end();
+      if (reads && n.kind != QPACK_NODE_CONV2D && n.kind != QPACK_NODE_QUANTIZE) direct = false;
+    }
+    p.nchw[inputs_[i]] = nchw && direct;
+    p.external[inputs_[i]] = !nchw || direct;
   }
   for (const auto& n : nodes_) p.shapes[n.out] = infer(n, p.shapes);
 
@@ -583,6 +610,19 @@ void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* output
     transpose_channels(static_cast<const uint8_t*>(inputs[i].data), s.d[0], s.d[1], s.d[2] * s.d[3],
                        elem_size(values_[v].dtype), ptrs[v]);
   }
+  // A node's output that the caller wants in the layout it has is written
+  // straight into the caller's buffer.
+  std::vector<bool> written(static_cast<size_t>(num_outputs), false);
+  for (int i = 0; i < num_outputs; ++i) {
+    const int v = outputs_[i];
+    const bool produced = std::find(inputs_.begin(), inputs_.end(), v) == inputs_.end();
+    const bool once = std::count(outputs_.begin(), outputs_.end(), v) == 1;
+    if (produced && once && (plan->shapes[v].rank != 4 || outputs[i].layout == QPACK_LAYOUT_NHWC) &&
+        plan->shapes[v].numel() > 0) {
+      ptrs[v] = static_cast<uint8_t*>(outputs[i].data);
+      written[i] = true;
+    }
+  }
   static const bool profile = std::getenv("QPACK_GRAPH_PROFILE") != nullptr;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     if (!profile) {
@@ -597,6 +637,7 @@ void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* output
                  shape_str(s).c_str(), us);
   }
   for (int i = 0; i < num_outputs; ++i) {
+    if (written[i]) continue;
     const int v = outputs_[i];
     const Shape& s = plan->shapes[v];
     const size_t es = elem_size(values_[v].dtype);
@@ -625,8 +666,8 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
 
   switch (n.kind) {
     case QPACK_NODE_CONV2D: {
-      const ConvShape s{xs.d[0], xs.d[2], xs.d[3], ys.d[2], ys.d[3], QPACK_LAYOUT_NHWC,
-                        QPACK_LAYOUT_NHWC};
+      const ConvShape s{xs.d[0], xs.d[2], xs.d[3], ys.d[2], ys.d[3],
+                        plan.nchw[n.in[0]] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC, QPACK_LAYOUT_NHWC};
       if (u8) {
         n.conv->kernel().run_u8(s, x, qx.scale, qx.zp, y);
       } else {
@@ -784,6 +825,13 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       return;
     }
     case QPACK_NODE_QUANTIZE:
+      if (plan.nchw[n.in[0]]) {  // an NCHW input: quantize, then transpose the bytes
+        thread_local std::vector<uint8_t> tmp;
+        tmp.resize(static_cast<size_t>(count));
+        quantize_u8_array(xf, count, QParams{qy.scale, qy.zp}, tmp.data());
+        transpose_channels(tmp.data(), xs.d[0], xs.d[1], xs.d[2] * xs.d[3], 1, y);
+        return;
+      }
       quantize_u8_array(xf, count, QParams{qy.scale, qy.zp}, y);  // parallel inside
       return;
     case QPACK_NODE_DEQUANTIZE:

@@ -55,6 +55,7 @@ struct GraphPlan {
   std::vector<Shape> shapes;      // per value
   std::vector<size_t> offsets;    // per value: byte offset in the workspace
   std::vector<bool> external;     // per value: a graph input used in the caller's memory
+  std::vector<bool> nchw;         // per value: an NCHW input its consumers read as it is
   size_t workspace = 0;
 };
 
