@@ -478,6 +478,18 @@ GraphPlan Graph::make_plan(const qpack_tensor* inputs) const {
     p.external[inputs_[i]] = !nchw || direct;
   }
   for (const auto& n : nodes_) p.shapes[n.out] = infer(n, p.shapes);
+  // A quantize of an NCHW input whose readers are all convolutions keeps NCHW:
+  // the convolution converts u8 (oneDNN's reorder), a quarter of the f32 bytes.
+  for (const auto& n : nodes_) {
+    if (n.kind != QPACK_NODE_QUANTIZE || !p.nchw[n.in[0]]) continue;
+    bool convs_only = std::find(outputs_.begin(), outputs_.end(), n.out) == outputs_.end();
+    for (const auto& m : nodes_) {
+      if (std::find(m.in.begin(), m.in.end(), n.out) != m.in.end() && m.kind != QPACK_NODE_CONV2D) {
+        convs_only = false;
+      }
+    }
+    p.nchw[n.out] = convs_only;
+  }
 
   // Buffers by liveness: a value lives from its producer to its last reader
   // (outputs to the end); first fit over the live blocks.
@@ -825,7 +837,7 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       return;
     }
     case QPACK_NODE_QUANTIZE:
-      if (plan.nchw[n.in[0]]) {  // an NCHW input: quantize, then transpose the bytes
+      if (plan.nchw[n.in[0]] && !plan.nchw[n.out]) {  // NCHW in, NHWC out: quantize, transpose
         thread_local std::vector<uint8_t> tmp;
         tmp.resize(static_cast<size_t>(count));
         quantize_u8_array(xf, count, QParams{qy.scale, qy.zp}, tmp.data());
