@@ -748,22 +748,21 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       const int64_t N = xs.d[0], C = xs.d[1], HW = xs.d[2] * xs.d[3];
       parallel_range(N, 1, [&](int64_t b, int64_t e) {
         std::vector<float> acc(static_cast<size_t>(C));
-        for (int64_t b_n = b; b_n < e; ++b_n) {
+        for (int64_t img = b; img < e; ++img) {
           std::fill(acc.begin(), acc.end(), 0.0f);
           for (int64_t p = 0; p < HW; ++p) {
-            const size_t in = static_cast<size_t>((b_n * HW + p) * C);
             if (u8) {
-              for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<float>(x[in + c]);
+              sum_into(acc.data(), x + (img * HW + p) * C, C);
             } else {
-              for (int64_t c = 0; c < C; ++c) acc[c] += xf[in + c];
+              sum_into(acc.data(), xf + (img * HW + p) * C, C);
             }
           }
           const float inv = 1.0f / static_cast<float>(std::max<int64_t>(HW, 1));
           for (int64_t c = 0; c < C; ++c) {
             if (u8) {
-              y[b_n * C + c] = qy.quant((acc[c] * inv - qx.zp) * qx.scale);
+              y[img * C + c] = qy.quant((acc[c] * inv - qx.zp) * qx.scale);
             } else {
-              yf[b_n * C + c] = acc[c] * inv;
+              yf[img * C + c] = acc[c] * inv;
             }
           }
         }

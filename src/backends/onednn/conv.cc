@@ -72,6 +72,10 @@ class OnednnConv final : public ConvKernel {
     } catch (const dnnl::error& e) {
       fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN could not pack the convolution weight: ", e.what());
     }
+    if (spec_.int8()) {
+      wei_scales_ = constant_f32(spec_.weight_scales.data(),
+                                 static_cast<int64_t>(spec_.weight_scales.size()));
+    }
     counters_.built();
   }
 
@@ -262,10 +266,12 @@ class OnednnConv final : public ConvKernel {
       memory::desc md(dst_dims, dst_dt(), tag::nhwc);
       dst_m = memory(md, engine(), thread_buffer(ThreadBuffer::nhwc_dst, md.get_size()));
     }
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, prim.weights->mem}, {DNNL_ARG_DST, dst_m}};
-    if (with_bias()) args.emplace(DNNL_ARG_BIAS, bias_);
-    if (rq != nullptr) add_quant_args(args, quant_, *rq, spec_.weight_scales);
+    ExecArgs args;
+    args.add(DNNL_ARG_SRC, src_m);
+    args.add(DNNL_ARG_WEIGHTS, prim.weights->mem);
+    args.add(DNNL_ARG_DST, dst_m);
+    if (with_bias()) args.add(DNNL_ARG_BIAS, bias_);
+    if (rq != nullptr) add_quant_args(args, quant_, *rq, wei_scales_);
     execute(prim.primitive, args, prim.scratch_size, "convolution");
     if (copy_dst) reorder(dst_m, dst_user);
   }
@@ -275,6 +281,7 @@ class OnednnConv final : public ConvKernel {
   mutable std::shared_ptr<const Packed> packed_;  // atomic_load/store only
   mutable int relayouts_ = 0;                     // guarded by the cache's lock
   memory bias_;
+  memory wei_scales_;  // over spec_.weight_scales (int8)
   PrimCache<Prim> prims_{counters_, kMaxPrims};
 };
 

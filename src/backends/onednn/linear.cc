@@ -54,6 +54,10 @@ class OnednnLinear final : public LinearKernel {
     } catch (const dnnl::error& e) {
       fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN could not pack the weight: ", e.what());
     }
+    if (spec_.int8()) {
+      wei_scales_ = constant_f32(spec_.weight_scales.data(),
+                                 static_cast<int64_t>(spec_.weight_scales.size()));
+    }
     counters_.built();
   }
 
@@ -143,12 +147,14 @@ class OnednnLinear final : public LinearKernel {
                                  [&] { return build(M); },
                                  [](const Prim&, const Prim&) { return true; });
     const Prim& prim = held->prim;
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, memory({{M, spec_.K}, src_dt(), tag::ab}, engine(), src)},
-        {DNNL_ARG_WEIGHTS, packed_},
-        {DNNL_ARG_DST, memory({{M, spec_.N}, dst_dt(), tag::ab}, engine(), dst)}};
-    if (with_bias()) args.emplace(DNNL_ARG_BIAS, bias_);
-    if (rq != nullptr) add_quant_args(args, quant_, *rq, spec_.weight_scales);
+    const memory src_m({{M, spec_.K}, src_dt(), tag::ab}, engine(), src);
+    const memory dst_m({{M, spec_.N}, dst_dt(), tag::ab}, engine(), dst);
+    ExecArgs args;
+    args.add(DNNL_ARG_SRC, src_m);
+    args.add(DNNL_ARG_WEIGHTS, packed_);
+    args.add(DNNL_ARG_DST, dst_m);
+    if (with_bias()) args.add(DNNL_ARG_BIAS, bias_);
+    if (rq != nullptr) add_quant_args(args, quant_, *rq, wei_scales_);
     execute(prim.primitive, args, prim.scratch_size, "matmul");
   }
 
@@ -156,6 +162,7 @@ class OnednnLinear final : public LinearKernel {
   const Quant quant_;
   memory packed_;
   memory bias_;
+  memory wei_scales_;  // over spec_.weight_scales (int8)
   PrimCache<Prim> prims_{counters_, kMaxPrims};
 };
 

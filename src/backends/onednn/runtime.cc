@@ -147,39 +147,70 @@ dnnl::primitive_attr make_attr(Quant quant, int wei_scale_mask, float clamp_min,
   return attr;
 }
 
-void add_quant_args(std::unordered_map<int, dnnl::memory>& args, Quant quant, const RunQuant& q,
-                    const std::vector<float>& wei_scales) {
-  using dnnl::memory;
-  if (quant == Quant::none) return;
-  const auto& eng = engine();
-  const memory::desc f1({1}, memory::data_type::f32, memory::format_tag::a);
-  const memory::desc i1({1}, memory::data_type::s32, memory::format_tag::a);
-  auto& m = const_cast<RunQuant&>(q);
-  args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, memory(i1, eng, &m.src_zp));
-  if (quant == Quant::split) return;
-  args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, memory(f1, eng, &m.src_scale));
-  const memory::desc ws({static_cast<int64_t>(wei_scales.size())}, memory::data_type::f32,
-                        memory::format_tag::a);
-  args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS,
-               memory(ws, eng, const_cast<float*>(wei_scales.data())));
-  if (quant != Quant::static_out) return;
-  args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, memory(f1, eng, &m.dst_scale));
-  args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, memory(i1, eng, &m.dst_zp));
+dnnl::memory constant_f32(const float* values, int64_t count) {
+  const dnnl::memory::desc md({count}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::a);
+  return dnnl::memory(md, engine(), const_cast<float*>(values));
 }
 
-void execute(const dnnl::primitive& prim, std::unordered_map<int, dnnl::memory>& args,
-             size_t scratch_size, const char* what) {
-  using dnnl::memory;
+namespace {
+// The calling thread's run-time scalars and the memories over them, made once.
+struct Scalars {
+  float src_scale = 1, dst_scale = 1;
+  int32_t src_zp = 0, dst_zp = 0;
+  dnnl::memory m_src_scale, m_dst_scale, m_src_zp, m_dst_zp;
+};
+Scalars& thread_scalars() {
+  thread_local std::unique_ptr<Scalars> t;
+  if (!t) {
+    t = std::make_unique<Scalars>();
+    using dnnl::memory;
+    const memory::desc f1({1}, memory::data_type::f32, memory::format_tag::a);
+    const memory::desc i1({1}, memory::data_type::s32, memory::format_tag::a);
+    t->m_src_scale = memory(f1, engine(), &t->src_scale);
+    t->m_dst_scale = memory(f1, engine(), &t->dst_scale);
+    t->m_src_zp = memory(i1, engine(), &t->src_zp);
+    t->m_dst_zp = memory(i1, engine(), &t->dst_zp);
+  }
+  return *t;
+}
+
+// The calling thread's scratchpad as a memory of at least `size` bytes.
+const dnnl::memory& thread_scratchpad(size_t size) {
+  thread_local dnnl::memory t_mem;
+  thread_local size_t t_size = 0;
+  if (size > t_size) {
+    const dnnl::memory::desc md({static_cast<int64_t>(size)}, dnnl::memory::data_type::u8,
+                                dnnl::memory::format_tag::a);
+    t_mem = dnnl::memory(md, engine(), thread_buffer(ThreadBuffer::scratchpad, size));
+    t_size = size;
+  }
+  return t_mem;
+}
+}  // namespace
+
+void add_quant_args(ExecArgs& args, Quant quant, const RunQuant& q, const dnnl::memory& wei_scales) {
+  if (quant == Quant::none) return;
+  Scalars& t = thread_scalars();
+  t.src_zp = q.src_zp;
+  args.add(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, t.m_src_zp);
+  if (quant == Quant::split) return;
+  t.src_scale = q.src_scale;
+  args.add(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, t.m_src_scale);
+  args.add(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, wei_scales);
+  if (quant != Quant::static_out) return;
+  t.dst_scale = q.dst_scale;
+  t.dst_zp = q.dst_zp;
+  args.add(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, t.m_dst_scale);
+  args.add(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, t.m_dst_zp);
+}
+
+void execute(const dnnl::primitive& prim, ExecArgs& args, size_t scratch_size, const char* what) {
   try {
-    if (scratch_size > 0) {
-      memory::desc sd({static_cast<int64_t>(scratch_size)}, memory::data_type::u8,
-                      memory::format_tag::a);
-      args.emplace(DNNL_ARG_SCRATCHPAD,
-                   memory(sd, engine(), thread_buffer(ThreadBuffer::scratchpad, scratch_size)));
-    }
+    if (scratch_size > 0) args.add(DNNL_ARG_SCRATCHPAD, thread_scratchpad(scratch_size));
     apply_num_threads();
     auto& strm = stream();
-    prim.execute(strm, args);
+    const dnnl_status_t st = dnnl_primitive_execute(prim.get(), strm.get(), args.size(), args.data());
+    if (st != dnnl_success) throw dnnl::error(st, "dnnl_primitive_execute");
     strm.wait();
   } catch (const dnnl::error& e) {
     fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN ", what, " failed: ", e.what());

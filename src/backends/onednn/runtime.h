@@ -65,16 +65,34 @@ struct RunQuant {
   float dst_scale;
   int32_t dst_zp;
 };
-// Adds q's runtime arguments for `quant` (as make_attr declared them). The
-// memories point into q and wei_scales, which must outlive the execution.
-void add_quant_args(std::unordered_map<int, dnnl::memory>& args, Quant quant, const RunQuant& q,
-                    const std::vector<float>& wei_scales);
+// The arguments of one execution, without allocating: C handles of memories
+// that the caller keeps alive until execute returns.
+class ExecArgs {
+ public:
+  void add(int arg, const dnnl::memory& m) {
+    check(n_ < kMax, QPACK_STATUS_INTERNAL, "too many oneDNN arguments");
+    args_[n_++] = dnnl_exec_arg_t{arg, m.get()};
+  }
+  int size() const { return n_; }
+  const dnnl_exec_arg_t* data() const { return args_; }
+
+ private:
+  static constexpr int kMax = 16;
+  dnnl_exec_arg_t args_[kMax];
+  int n_ = 0;
+};
+
+// A memory over `count` constant floats (weight scales), made once per op.
+dnnl::memory constant_f32(const float* values, int64_t count);
+// Adds q's runtime arguments for `quant` (as make_attr declared them): the
+// scalars through the calling thread's own memories, the weight scales
+// through wei_scales (constant_f32).
+void add_quant_args(ExecArgs& args, Quant quant, const RunQuant& q, const dnnl::memory& wei_scales);
 
 // Executes a primitive on the calling thread's stream with qpack's thread
-// count and a per-thread scratchpad of scratch_size bytes; a oneDNN error
-// becomes BACKEND_ERROR naming `what`.
-void execute(const dnnl::primitive& prim, std::unordered_map<int, dnnl::memory>& args,
-             size_t scratch_size, const char* what);
+// count and the calling thread's scratchpad (scratch_size bytes); a oneDNN
+// error becomes BACKEND_ERROR naming `what`.
+void execute(const dnnl::primitive& prim, ExecArgs& args, size_t scratch_size, const char* what);
 // Reorders src into dst on the calling thread's stream.
 void reorder(const dnnl::memory& src, const dnnl::memory& dst);
 
