@@ -1,13 +1,14 @@
 """Frozen graphs: a frozen model's whole forward planned once and run by the core.
 
-``qpack.freeze`` first swaps layers (BatchNorm folded, activations fused); then,
-when a ``torch.fx`` trace of the result holds only ops the core runs, it lowers
-the trace to a qpack graph (``_core.GraphHandle``): activations stay in the
-core between ops, NHWC, in uint8 between quantized ops for int8 models. The
-model keeps its class and layers (saving, ``unfreeze`` and ``memory_report``
-work as before); its ``forward`` becomes a ``GraphRunner`` that feeds the
-graph. Inputs the graph cannot take (other dtypes or ranks) run the layers
-one by one as before.
+``qpack.freeze`` first swaps layers (BatchNorm folded, activations fused); then
+it traces the result with ``torch.fx`` and lowers every run of ops the core
+runs to a qpack graph (``_core.GraphHandle``): activations stay in the core
+between ops, NHWC, in uint8 between quantized ops for int8 models. A trace the
+core runs entirely is one graph; otherwise segments run on the core with
+PyTorch between them. The model keeps its class and layers (saving,
+``unfreeze`` and ``memory_report`` work as before); its ``forward`` becomes a
+``GraphRunner``. Inputs the graph cannot take (other dtypes or ranks) run the
+layers one by one as before.
 """
 import operator
 
@@ -101,7 +102,8 @@ def _is_spatial_mean(node):
 
 
 class _Lowering:
-    """fx graph of a layer-frozen model -> the core's values and nodes (f32)."""
+    """fx nodes of a layer-frozen model -> the core's values and nodes (f32), one
+    segment at a time (segments() feeds it; values from outside become inputs)."""
 
     def __init__(self, gm, modules=None, open_inputs=False):
         self.gm = gm
@@ -145,26 +147,8 @@ class _Lowering:
         self.nodes.append(dict(kind=kind, inputs=[self.arg(i) for i in inputs], output=out, fx=fx_node, **params))
         return out
 
-    def lower(self):
-        for node in self.gm.graph.nodes:
-            self.lower_node(node)
-        if not self.outputs:
-            raise Unsupported("no output")
-        return self
-
     def lower_node(self, node):
         m = self.modules.get(node.target) if node.op == "call_module" else None
-        if node.op == "placeholder":
-            if node.args or node.kwargs:
-                raise Unsupported(f"input {node.name} has a default value")
-            self.inputs.append(self.new_value(node))
-            return
-        if node.op == "output":
-            outs = node.args[0]
-            outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-            self.outputs = [self.arg(o) for o in outs]
-            self.output_is_tuple = isinstance(node.args[0], (tuple, list))
-            return
         if m is not None and isinstance(m, _IDENTITY_MODULES):
             self.value_of[node] = self.arg(node.args[0])
             return
@@ -278,15 +262,6 @@ def trace(model):
 
     graph = Tracer().trace(model)
     return torch.fx.GraphModule(model, graph)
-
-
-def lower(model):
-    """The lowering of a layer-frozen model, or raises Unsupported."""
-    try:
-        gm = trace(model)
-    except Exception as e:  # noqa: BLE001 - anything fx cannot trace is not a graph
-        raise Unsupported(f"trace: {type(e).__name__}") from None
-    return _Lowering(gm).lower()
 
 
 # ---- segments: the parts of a trace the core runs ------------------------------------------
@@ -661,5 +636,5 @@ def progress(iterable, total, desc, enabled):
     return iterable
 
 
-__all__ = ["GraphRunner", "Segment", "Unsupported", "attach", "calibrate", "detach", "graph_report", "lower",
+__all__ = ["GraphRunner", "Segment", "Unsupported", "attach", "calibrate", "detach", "graph_report",
            "progress", "qparams_by_name", "runner_of", "segments", "value_qparams"]
