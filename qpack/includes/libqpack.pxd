@@ -204,6 +204,7 @@ cdef extern from "qpack/qpack.h" nogil:
         QPACK_NODE_AFFINE
         QPACK_NODE_QUANTIZE
         QPACK_NODE_DEQUANTIZE
+        QPACK_NODE_MUL
 
     ctypedef enum qpack_activation:
         QPACK_ACT_NONE
@@ -213,6 +214,7 @@ cdef extern from "qpack/qpack.h" nogil:
         QPACK_ACT_SIGMOID
         QPACK_ACT_GELU
         QPACK_ACT_SILU
+        QPACK_ACT_HARDSIGMOID
 
     ctypedef struct qpack_graph_value:
         qpack_dtype dtype

@@ -444,9 +444,10 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
       shows the pattern (a warning says when tracing fails).
     - ``mapping``: {source type: Rule} entries that override ``MAPPING``.
     - ``graph``: when the traced model holds only ops qpack's core runs
-      (frozen conv/linear, add, pooling, mean, flatten, concat, ReLU/ReLU6/
-      Hardtanh/Hardswish/Sigmoid/GELU/SiLU, unfolded BatchNorm2d, Identity/
-      Dropout), its forward becomes one graph run by the core: activations
+      (frozen conv/linear, add, mul, pooling, mean, flatten, concat, ReLU/
+      ReLU6/Hardtanh/Hardswish/Hardsigmoid/Sigmoid/GELU/SiLU, unfolded
+      BatchNorm2d, Identity/Dropout), its forward becomes one graph run by the
+      core (other ops split it into graphs with PyTorch between): activations
       stay NHWC between ops and, for ``dtype="int8"`` with
       ``example_inputs``, uint8 with parameters calibrated per edge
       (``frozen.forward.report()`` lists the plan). Otherwise, or with

@@ -25,9 +25,11 @@ class Unsupported(Exception):
     """An fx node the graph cannot run (the model then runs layer by layer)."""
 
 
-_ACT_MODULES = {nn.ReLU: "relu", nn.Hardswish: "hardswish", nn.Sigmoid: "sigmoid", nn.SiLU: "silu"}
+_ACT_MODULES = {nn.ReLU: "relu", nn.Hardswish: "hardswish", nn.Sigmoid: "sigmoid", nn.SiLU: "silu",
+                nn.Hardsigmoid: "hardsigmoid"}
 _ACT_FUNCS = {F.relu: "relu", torch.relu: "relu", F.hardswish: "hardswish", torch.sigmoid: "sigmoid",
-              F.sigmoid if hasattr(F, "sigmoid") else torch.sigmoid: "sigmoid", F.silu: "silu"}
+              F.sigmoid if hasattr(F, "sigmoid") else torch.sigmoid: "sigmoid", F.silu: "silu",
+              F.hardsigmoid: "hardsigmoid"}
 _ACT_METHODS = {"relu": "relu", "sigmoid": "sigmoid"}
 _IDENTITY_MODULES = (nn.Identity, nn.Dropout, nn.Dropout2d)
 
@@ -186,6 +188,12 @@ class _Lowering:
             if len(node.args) != 2 or node.kwargs:
                 raise Unsupported("add with alpha or a scalar")
             self.emit(node, "add", list(node.args))
+            return
+        if ((node.op == "call_function" and node.target in (operator.mul, torch.mul, operator.imul))
+                or (node.op == "call_method" and node.target in ("mul", "mul_"))):
+            if len(node.args) != 2 or node.kwargs or not all(isinstance(a, torch.fx.Node) for a in node.args):
+                raise Unsupported("mul by a scalar")
+            self.emit(node, "mul", list(node.args))
             return
         if isinstance(m, nn.MaxPool2d):
             if m.return_indices or _ints(m.dilation, 2) != (1, 1):

@@ -45,6 +45,7 @@ const char* kind_name(qpack_node_kind k) {
     case QPACK_NODE_AFFINE: return "affine";
     case QPACK_NODE_QUANTIZE: return "quantize";
     case QPACK_NODE_DEQUANTIZE: return "dequantize";
+    case QPACK_NODE_MUL: return "mul";
   }
   return "unknown";
 }
@@ -66,6 +67,7 @@ float activate(qpack_activation act, float lo, float hi, float x) {
     case QPACK_ACT_SIGMOID: return 1.0f / (1.0f + std::exp(-x));
     case QPACK_ACT_GELU: return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
     case QPACK_ACT_SILU: return x / (1.0f + std::exp(-x));
+    case QPACK_ACT_HARDSIGMOID: return std::min(std::max(x + 3.0f, 0.0f), 6.0f) / 6.0f;
   }
   return x;
 }
@@ -262,10 +264,12 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
   }
   for (size_t i = 0; i < nodes_.size(); ++i) {
     GraphNode& n = nodes_[i];
-    check(n.kind >= QPACK_NODE_CONV2D && n.kind <= QPACK_NODE_DEQUANTIZE,
+    check(n.kind >= QPACK_NODE_CONV2D && n.kind <= QPACK_NODE_MUL,
           QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " has an unknown kind ", static_cast<int>(n.kind));
     const char* kind = kind_name(n.kind);
-    const size_t want = n.kind == QPACK_NODE_ADD ? 2 : n.kind == QPACK_NODE_CONCAT ? n.in.size() : 1;
+    const size_t want = (n.kind == QPACK_NODE_ADD || n.kind == QPACK_NODE_MUL) ? 2
+                        : n.kind == QPACK_NODE_CONCAT                       ? n.in.size()
+                                                                            : 1;
     check(!n.in.empty() && n.in.size() == want, QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (",
           kind, ") takes ", want, " input(s), got ", n.in.size());
     for (int v : n.in) {
@@ -334,7 +338,7 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
       }
     }
     if (n.kind == QPACK_NODE_ADD || n.kind == QPACK_NODE_ACTIVATION) {
-      check(n.act >= QPACK_ACT_NONE && n.act <= QPACK_ACT_SILU, QPACK_STATUS_INVALID_ARGUMENT,
+      check(n.act >= QPACK_ACT_NONE && n.act <= QPACK_ACT_HARDSIGMOID, QPACK_STATUS_INVALID_ARGUMENT,
             "node ", i, " (", kind, ") has an unknown activation ", static_cast<int>(n.act));
       if (n.act == QPACK_ACT_CLAMP) {
         check(!std::isnan(n.act_min) && !std::isnan(n.act_max) && n.act_min < n.act_max,
@@ -405,6 +409,17 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
       check(shapes[n.in[1]] == x, QPACK_STATUS_INVALID_ARGUMENT, "add takes equal shapes, got ",
             shape_str(x), " and ", shape_str(shapes[n.in[1]]));
       return y;
+    case QPACK_NODE_MUL: {
+      const Shape& s = shapes[n.in[1]];
+      auto scales = [](const Shape& big, const Shape& small) {
+        return big.rank == 4 && small.rank == 4 && small.d[0] == big.d[0] &&
+               small.d[1] == big.d[1] && small.d[2] == 1 && small.d[3] == 1;
+      };
+      check(s == x || scales(x, s) || scales(s, x), QPACK_STATUS_INVALID_ARGUMENT,
+            "mul takes equal shapes, or [N, C, H, W] and [N, C, 1, 1] in either order, got ",
+            shape_str(x), " and ", shape_str(s));
+      return scales(s, x) ? s : y;
+    }
     case QPACK_NODE_MAXPOOL2D:
     case QPACK_NODE_AVGPOOL2D:
       need_rank(x.rank == 4, "a rank-4 [N, C, H, W] input");
@@ -725,6 +740,32 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
             for (int64_t i = b; i < e; ++i) yf[i] = std::max(a[i] + c[i], 0.0f);
           } else {
             for (int64_t i = b; i < e; ++i) yf[i] = activate(act, lo, hi, a[i] + c[i]);
+          }
+        }
+      });
+      return;
+    }
+    case QPACK_NODE_MUL: {
+      // `big` is the full-size operand, `small` the other: equal shapes (one
+      // pass), or [N, C, 1, 1] scaling each pixel's C channels.
+      int a = n.in[0], b = n.in[1];
+      if (plan.shapes[a].numel() < plan.shapes[b].numel()) std::swap(a, b);
+      const uint8_t* big = ptrs[a];
+      const uint8_t* small = ptrs[b];
+      const Q qa{values_[a].scale, values_[a].zero_point}, qb{values_[b].scale, values_[b].zero_point};
+      const auto* bigf = reinterpret_cast<const float*>(big);
+      const auto* smallf = reinterpret_cast<const float*>(small);
+      const bool per_channel = !(plan.shapes[a] == plan.shapes[b]);
+      const Shape& bs = plan.shapes[a];
+      const int64_t C = per_channel ? bs.d[1] : count, HW = per_channel ? bs.d[2] * bs.d[3] : 1;
+      const int64_t rows = per_channel ? bs.d[0] * HW : 1;
+      parallel_range(rows, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r) {
+          const int64_t base = r * C, sbase = per_channel ? (r / HW) * C : base;
+          if (u8) {
+            for (int64_t c = 0; c < C; ++c) y[base + c] = qy.quant(qa.deq(big[base + c]) * qb.deq(small[sbase + c]));
+          } else {
+            for (int64_t c = 0; c < C; ++c) yf[base + c] = bigf[base + c] * smallf[sbase + c];
           }
         }
       });

@@ -189,7 +189,8 @@ ONE_NODE = {
 def _act(name, lo, hi, v):
     return {None: lambda: v, "relu": lambda: F.relu(v), "clamp": lambda: torch.clamp(v, lo, hi),
             "hardswish": lambda: F.hardswish(v), "sigmoid": lambda: torch.sigmoid(v),
-            "gelu": lambda: F.gelu(v), "silu": lambda: F.silu(v)}[name]()
+            "gelu": lambda: F.gelu(v), "silu": lambda: F.silu(v),
+            "hardsigmoid": lambda: F.hardsigmoid(v)}[name]()
 
 
 def _layer_act(a, v):
@@ -235,6 +236,8 @@ def per_edge_reference(f, x):
             r = _layer_act(layer.activation, r)
         elif k == "add":
             r = _act(n.get("activation"), n.get("act_min"), n.get("act_max"), a + d(ins[1]))
+        elif k == "mul":
+            r = a * d(ins[1])
         elif k == "activation":
             r = _act(n["activation"], n.get("act_min"), n.get("act_max"), a)
         elif k == "maxpool2d":
@@ -496,3 +499,42 @@ def test_unsupported_ops_split_the_graph_into_segments(dtype):
     with torch.no_grad():
         close(g(x), f(x), 1e-6)
     assert G.runner_of(g).num_segments == runner.num_segments
+
+
+class SqueezeExcite(nn.Module):
+    """MobileNetV3/EfficientNet blocks: Hardswish/SiLU, squeeze-excitation
+    (global pool, 1x1 convs, Hardsigmoid or Sigmoid, channel-wise mul in either
+    operand order), elementwise mul of equal shapes."""
+
+    def __init__(self, act, gate):
+        super().__init__()
+        self.conv = conv_bn(3, 16, 3, act=act)
+        self.fc1, self.fc2 = nn.Conv2d(16, 4, 1), nn.Conv2d(4, 16, 1)
+        self.gate = gate
+        self.out = nn.Conv2d(16, 8, 1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        s = self.gate(self.fc2(F.relu(self.fc1(F.adaptive_avg_pool2d(y, 1)))))
+        y = s * y + y * s
+        y = self.out(y) * torch.sigmoid(self.out(y))
+        return torch.flatten(F.adaptive_avg_pool2d(y, 1), 1)
+
+
+@pytest.mark.parametrize("act,gate", [(nn.Hardswish, nn.Hardsigmoid()), (nn.SiLU, nn.Sigmoid())])
+def test_squeeze_excitation_runs_as_one_graph(act, gate):
+    model = randomize_bn(SqueezeExcite(act, gate)).eval()
+    x = torch.randn(2, 3, 12, 10)
+    f = qpack.freeze(model)
+    runner = G.runner_of(f)
+    assert runner is not None and runner.num_segments == 1 and "mul" in qpack.graph_report(f)
+    with torch.no_grad():
+        close(f(x), model(x))
+    calib = [torch.randn(2, 3, 12, 10) for _ in range(3)]
+    q = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=BACKENDS[0])
+    assert G.runner_of(q).num_segments == 1
+    with torch.no_grad():
+        assert rel_err(q(x), model(x)) < 0.08
+        ref = per_edge_reference(q, x)
+        out_s = G.runner_of(q)._spec["values"][G.runner_of(q)._spec["nodes"][-1]["inputs"][0]][1]
+        assert float((q(x) - ref).abs().max()) <= 2 * out_s + 1e-6

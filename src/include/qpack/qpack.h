@@ -381,6 +381,8 @@ typedef enum qpack_node_kind {
   QPACK_NODE_AFFINE = 9,         /* x * scale[c] + shift[c] along dim 1 (unfolded BatchNorm) */
   QPACK_NODE_QUANTIZE = 10,      /* f32 -> u8 with the output value's qparams */
   QPACK_NODE_DEQUANTIZE = 11,    /* u8 -> f32 */
+  QPACK_NODE_MUL = 12,           /* inputs[0] * inputs[1]: equal shapes, or inputs[1]
+                                    [N, C, 1, 1] scaling each channel (squeeze-excitation) */
 } qpack_node_kind;
 
 typedef enum qpack_activation {
@@ -391,6 +393,7 @@ typedef enum qpack_activation {
   QPACK_ACT_SIGMOID = 4,
   QPACK_ACT_GELU = 5,      /* erf form */
   QPACK_ACT_SILU = 6,
+  QPACK_ACT_HARDSIGMOID = 7, /* relu6(x + 3) / 6 */
 } qpack_activation;
 
 typedef struct qpack_graph_value {
