@@ -241,6 +241,85 @@ static void test_threads(void) {
   qpack_linear_destroy(lin);
 }
 
+/* A frozen graph from C: f32 [M, K] -> quantize -> static int8 linear -> ReLU
+ * (u8) -> dequantize, against the same ops through the single-op API. Scales
+ * are powers of two, so the graph's quantize (x * 1/s) and this file's (x / s)
+ * round the same values. */
+static void test_graph(void) {
+  int8_t w[N * K];
+  float scales[N], x[M * K], out[M * N];
+  uint8_t xq[M * K], yq[M * N];
+  for (int i = 0; i < N * K; ++i) w[i] = (int8_t)((i * 29) % 255 - 127);
+  for (int i = 0; i < N; ++i) scales[i] = 0.001f + 0.0001f * i;
+  for (int i = 0; i < M * K; ++i) x[i] = (float)((i * 7) % 41) / 8.0f - 2.5f;
+  const float s_in = 0.0625f, s_out = 0.125f;
+  qpack_linear_params p = int8_static_params(K, N, w, scales, N, s_out);
+  qpack_linear* lin = NULL;
+  EXPECT(qpack_linear_create(&p, &lin) == QPACK_STATUS_SUCCESS, "graph: linear");
+
+  qpack_graph_value values[5] = {{QPACK_DTYPE_F32, 0, 0}, {QPACK_DTYPE_U8, s_in, 128},
+                                 {QPACK_DTYPE_U8, s_out, 128}, {QPACK_DTYPE_U8, s_out, 128},
+                                 {QPACK_DTYPE_F32, 0, 0}};
+  qpack_graph_node nodes[4];
+  memset(nodes, 0, sizeof(nodes));
+  const qpack_node_kind kinds[4] = {QPACK_NODE_QUANTIZE, QPACK_NODE_LINEAR, QPACK_NODE_ACTIVATION,
+                                    QPACK_NODE_DEQUANTIZE};
+  for (int i = 0; i < 4; ++i) {
+    nodes[i].kind = kinds[i];
+    nodes[i].inputs[0] = i;
+    nodes[i].num_inputs = 1;
+    nodes[i].output = i + 1;
+  }
+  nodes[1].linear = lin;
+  nodes[2].activation = QPACK_ACT_RELU;
+  int32_t in_v = 0, out_v = 4;
+  qpack_graph_params gp = {5, values, 4, nodes, 1, &in_v, 1, &out_v};
+  qpack_graph* g = NULL;
+  EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_SUCCESS && g != NULL, "graph: create");
+  qpack_linear_close(lin); /* the graph holds the linear by reference */
+
+  qpack_tensor ti = {QPACK_DTYPE_F32, 2, {M, K, 0, 0}, QPACK_LAYOUT_NCHW, x};
+  qpack_tensor to;
+  memset(&to, 0, sizeof(to));
+  EXPECT(qpack_graph_output_shapes(g, 1, &ti, 1, &to) == QPACK_STATUS_SUCCESS && to.ndim == 2 &&
+             to.dims[0] == M && to.dims[1] == N && to.dtype == QPACK_DTYPE_F32,
+         "graph: output shapes");
+  to.data = out;
+  EXPECT(qpack_graph_run(g, 1, &ti, 1, &to) == QPACK_STATUS_SUCCESS, "graph: run");
+
+  /* The reference: the same ops one by one (the linear reopened from the same weights). */
+  for (int i = 0; i < M * K; ++i) {
+    float q = nearbyintf(x[i] / s_in) + 128.0f;
+    xq[i] = (uint8_t)(q < 0 ? 0 : q > 255 ? 255 : q);
+  }
+  EXPECT(qpack_linear_create(&p, &lin) == QPACK_STATUS_SUCCESS, "graph: reference linear");
+  EXPECT(qpack_linear_run_u8(lin, M, xq, s_in, 128, yq) == QPACK_STATUS_SUCCESS, "graph: reference run");
+  int same = 1;
+  for (int i = 0; i < M * N; ++i) {
+    const uint8_t r = yq[i] < 128 ? 128 : yq[i];
+    same &= out[i] == (float)(r - 128) * s_out;
+  }
+  EXPECT(same, "graph: equal to the ops one by one");
+  qpack_linear_destroy(lin);
+
+  qpack_graph_info info;
+  EXPECT(qpack_graph_get_info(g, &info) == QPACK_STATUS_SUCCESS && info.num_nodes == 4 &&
+             info.runs == 1 && info.plans_built == 1 && info.nbytes_packed > 0 && !info.closed,
+         "graph: info");
+  EXPECT(qpack_graph_close(g) == QPACK_STATUS_SUCCESS, "graph: close");
+  EXPECT(qpack_graph_run(g, 1, &ti, 1, &to) == QPACK_STATUS_CLOSED, "graph: run after close");
+  EXPECT(qpack_graph_get_info(g, &info) == QPACK_STATUS_SUCCESS && info.closed, "graph: closed");
+  qpack_graph_destroy(g);
+  qpack_graph_destroy(NULL);
+
+  /* a node reading a value nothing produced */
+  nodes[1].linear = NULL;
+  nodes[0].inputs[0] = 3;
+  g = NULL;
+  EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_INVALID_ARGUMENT && g == NULL,
+         "graph: refuses a value read before it is produced");
+}
+
 int main(void) {
   char buf[256];
   for (int i = 0; i < qpack_backend_count(); ++i) {
@@ -259,6 +338,7 @@ int main(void) {
   test_bad_params();
   test_retain_policy();
   test_threads();
+  test_graph();
   printf("c_api: %d passed, %d failed\n", passes, failures);
   return failures == 0 ? 0 : 1;
 }
