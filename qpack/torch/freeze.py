@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qpack._core import Error as qpack_error
 from qpack._core import InvalidArgumentError, InvalidTypeError
 from qpack.torch import quantize as _q
 from qpack.torch.modules import FROZEN_TYPES, FrozenConv1d, FrozenConv2d, FrozenLinear
@@ -490,7 +491,7 @@ def _try_graph(frozen):
         return None
     try:
         return _g.attach(frozen)
-    except (_g.Unsupported, InvalidArgumentError, NotImplementedError):
+    except (_g.Unsupported, qpack_error):
         return None
 
 
@@ -541,7 +542,7 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
     _swap(fp32, replacements)
     try:
         _g.attach(fp32, qp)
-    except (_g.Unsupported, InvalidArgumentError, NotImplementedError):
+    except (_g.Unsupported, qpack_error):
         return None
     return fp32
 

@@ -118,6 +118,7 @@ class _Lowering:
         self.input_nodes = []  # fx nodes feeding the inputs (segments)
         self.members = []      # fx nodes this lowering took over (segments)
         self.layers = []     # the frozen layers the graph holds, in node order
+        self.qp = {}         # value -> (scale, zero_point) of the u8 values a torch.ao model defines
         self.output_is_tuple = False
 
     def new_value(self, fx_node):
@@ -135,12 +136,13 @@ class _Lowering:
 
     def snapshot(self):
         return (len(self.values), len(self.nodes), len(self.inputs), len(self.layers), dict(self.value_of),
-                [dict(n) for n in self.nodes[-1:]])
+                [dict(n) for n in self.nodes[-1:]], dict(self.qp))
 
     def rollback(self, snap):
-        nv, nn_, ni, nl, value_of, last = snap
+        nv, nn_, ni, nl, value_of, last, qp = snap
         del self.values[nv:], self.nodes[nn_:], self.inputs[ni:], self.input_nodes[ni:], self.layers[nl:]
         self.value_of = value_of
+        self.qp = qp
         if last:  # an activation fused into the last add is undone too
             self.nodes[-1] = last[0]
 
@@ -154,17 +156,18 @@ class _Lowering:
         if m is not None and isinstance(m, _IDENTITY_MODULES):
             self.value_of[node] = self.arg(node.args[0])
             return
-        if isinstance(m, FrozenConv2d):
-            if m._spec["io"] == "legacy" or len(node.args) != 1:
-                raise Unsupported("legacy quantized conv")
+        if isinstance(m, (FrozenConv2d, FrozenLinear)):
+            if len(node.args) != 1:
+                raise Unsupported("a layer called with more than its input")
+            legacy = m._spec["io"] == "legacy"
+            if legacy != (self.value_of.get(node.args[0]) in self.qp):
+                raise Unsupported("a torch.ao layer outside its quantized region, or the reverse")
             self.layers.append(m)
-            self.emit(node, "conv2d", [node.args[0]], layer=m)
+            out = self.emit(node, "conv2d" if isinstance(m, FrozenConv2d) else "linear", [node.args[0]], layer=m)
+            if legacy:
+                self.qp[out] = (float(m._spec["output_scale"]), int(m._spec["output_zero_point"]))
             return
-        if isinstance(m, FrozenLinear):
-            if m._spec["io"] == "legacy" or len(node.args) != 1:
-                raise Unsupported("legacy quantized linear")
-            self.layers.append(m)
-            self.emit(node, "linear", [node.args[0]], layer=m)
+        if self.lower_torch_ao(node, m):
             return
         act = _activation(node, self.modules)
         if act is not None:
@@ -181,64 +184,106 @@ class _Lowering:
                 src.update(activation=name, act_min=lo, act_max=hi)
                 self.value_of[node] = src["output"]
                 return
-            self.emit(node, "activation", [node.args[0]], activation=name, act_min=lo, act_max=hi)
+            self.emit_checked(node, "activation", [node.args[0]], activation=name, act_min=lo, act_max=hi)
             return
         if ((node.op == "call_function" and node.target in (operator.add, torch.add, operator.iadd))
                 or (node.op == "call_method" and node.target in ("add", "add_"))):
             if len(node.args) != 2 or node.kwargs:
                 raise Unsupported("add with alpha or a scalar")
-            self.emit(node, "add", list(node.args))
+            self.emit_checked(node, "add", list(node.args))
             return
         if ((node.op == "call_function" and node.target in (operator.mul, torch.mul, operator.imul))
                 or (node.op == "call_method" and node.target in ("mul", "mul_"))):
             if len(node.args) != 2 or node.kwargs or not all(isinstance(a, torch.fx.Node) for a in node.args):
                 raise Unsupported("mul by a scalar")
-            self.emit(node, "mul", list(node.args))
+            self.emit_checked(node, "mul", list(node.args))
             return
         if isinstance(m, nn.MaxPool2d):
             if m.return_indices or _ints(m.dilation, 2) != (1, 1):
                 raise Unsupported("dilated or indexed max pooling")
             k, s, p = _ints(m.kernel_size, 2), _ints(m.stride or m.kernel_size, 2), _ints(m.padding, 2)
-            self.emit(node, "maxpool2d", [node.args[0]], kernel=k, stride=s, padding=(p[0], p[1], p[0], p[1]),
+            self.emit_checked(node, "maxpool2d", [node.args[0]], kernel=k, stride=s, padding=(p[0], p[1], p[0], p[1]),
                       ceil_mode=m.ceil_mode)
             return
         if isinstance(m, nn.AvgPool2d):
             if m.divisor_override is not None:
                 raise Unsupported("avg pooling divisor_override")
             k, s, p = _ints(m.kernel_size, 2), _ints(m.stride or m.kernel_size, 2), _ints(m.padding, 2)
-            self.emit(node, "avgpool2d", [node.args[0]], kernel=k, stride=s, padding=(p[0], p[1], p[0], p[1]),
+            self.emit_checked(node, "avgpool2d", [node.args[0]], kernel=k, stride=s, padding=(p[0], p[1], p[0], p[1]),
                       ceil_mode=m.ceil_mode, count_include_pad=m.count_include_pad)
             return
         if isinstance(m, nn.AdaptiveAvgPool2d) and _ints(m.output_size, 2) == (1, 1):
-            self.emit(node, "global_avgpool", [node.args[0]], keepdim=True)
+            self.emit_checked(node, "global_avgpool", [node.args[0]], keepdim=True)
             return
         if (node.op == "call_function" and node.target is F.adaptive_avg_pool2d
                 and _ints(node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size"), 2) == (1, 1)):
-            self.emit(node, "global_avgpool", [node.args[0]], keepdim=True)
+            self.emit_checked(node, "global_avgpool", [node.args[0]], keepdim=True)
             return
         keep = _is_spatial_mean(node)
         if keep is not None:
-            self.emit(node, "global_avgpool", [node.args[0]], keepdim=keep)
+            self.emit_checked(node, "global_avgpool", [node.args[0]], keepdim=keep)
             return
         if self.is_flatten(node, m):
-            self.emit(node, "flatten", [node.args[0]])
+            self.emit_checked(node, "flatten", [node.args[0]])
             return
         if node.op == "call_function" and node.target is torch.cat:
             tensors = node.args[0]
             dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
             if dim != 1 or not isinstance(tensors, (list, tuple)) or not 1 <= len(tensors) <= 8:
                 raise Unsupported("concat other than along dim 1")
-            self.emit(node, "concat", list(tensors))
+            self.emit_checked(node, "concat", list(tensors))
             return
         if isinstance(m, nn.BatchNorm2d) and not m.training and m.track_running_stats:
             var, mean = m.running_var.double(), m.running_mean.double()
             g = m.weight.detach().double() if m.weight is not None else torch.ones_like(var)
             b = m.bias.detach().double() if m.bias is not None else torch.zeros_like(var)
             scale = g / torch.sqrt(var + m.eps)
-            self.emit(node, "affine", [node.args[0]], scale=scale.float().numpy(),
+            self.emit_checked(node, "affine", [node.args[0]], scale=scale.float().numpy(),
                       shift=(b - mean * scale).float().numpy())
             return
         raise Unsupported(f"{node.op} {node.target}")
+
+    # ops that keep their input's torch.ao qparams (what PyTorch's quantized kernels do)
+    _KEEPS_QPARAMS = ("activation", "maxpool2d", "avgpool2d", "global_avgpool", "flatten")
+
+    def lower_torch_ao(self, node, m):
+        """A torch.ao eager-mode quantized model's own ops: Quantize / DeQuantize
+        modules and quantized add (their qparams become the values'). True when lowered."""
+        try:
+            import torch.ao.nn.quantized as nnq
+        except ImportError:
+            return False
+        if isinstance(m, nnq.Quantize):
+            if m.dtype != torch.quint8:
+                raise Unsupported("Quantize to a dtype other than quint8")
+            out = self.emit(node, "quantize", [node.args[0]])
+            self.qp[out] = (float(m.scale), int(m.zero_point))
+            return True
+        if isinstance(m, nnq.DeQuantize):
+            self.emit(node, "dequantize", [node.args[0]])
+            return True
+        q_add = getattr(torch.ops.quantized, "add", None), getattr(torch.ops.quantized, "add_relu", None)
+        if node.op == "call_function" and node.target in q_add and node.target is not None:
+            a, b, scale, zp = (list(node.args) + [node.kwargs.get("scale"), node.kwargs.get("zero_point")])[:4]
+            if not isinstance(scale, (int, float)) or not isinstance(zp, int):
+                raise Unsupported("quantized add without constant scale and zero point")
+            out = self.emit(node, "add", [a, b],
+                            **({"activation": "relu"} if node.target is q_add[1] else {}))
+            self.qp[out] = (float(scale), int(zp))
+            return True
+        return False
+
+    def emit_checked(self, node, kind, inputs, **params):
+        """emit() with the torch.ao rule: u8 inputs only where the op keeps qparams."""
+        quantized = [self.value_of.get(i) in self.qp for i in inputs if isinstance(i, torch.fx.Node)]
+        if any(quantized) and kind not in self._KEEPS_QPARAMS:
+            raise Unsupported(f"{kind} on torch.ao quantized values")
+        if kind == "activation" and any(quantized) and params.get("activation") not in ("relu", "clamp"):
+            raise Unsupported("a quantized activation with its own output qparams")
+        out = self.emit(node, kind, inputs, **params)
+        if any(quantized):
+            self.qp[out] = self.qp[self.value_of[inputs[0]]]
+        return out
 
     def producer(self, fx_node):
         v = self.value_of.get(fx_node) if isinstance(fx_node, torch.fx.Node) else None
@@ -398,14 +443,19 @@ def _to_array(t):
 
 class Segment:
     """One lowered segment: its core graph over the model's layers (by
-    reference), f32 at its edges (u8 inside for int8: quantize after each
-    input, dequantize before each output)."""
+    reference), f32 at its edges. With per-edge ``qparams`` (qpack's int8) every
+    value inside is u8 (quantize after each input, dequantize before each
+    output); a torch.ao model's values are u8 where its own Quantize and
+    quantized ops put them (``low.qp``)."""
 
     def __init__(self, low, model, qparams=None):
         names = {id(m): name for name, m in model.named_modules()}
         self.layers = []
-        values = [("f32", 0.0, 0) if qparams is None else ("u8",) + tuple(qparams[fx.name])
-                  for fx in low.values]
+        if qparams is not None:
+            values = [("u8",) + tuple(qparams[fx.name]) for fx in low.values]
+        else:
+            values = [("u8",) + tuple(low.qp[v]) if v in low.qp else ("f32", 0.0, 0)
+                      for v in range(len(low.values))]
         nodes = []
         for n in low.nodes:
             n = {k: v for k, v in n.items() if k != "fx"}

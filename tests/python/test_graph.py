@@ -538,3 +538,56 @@ def test_squeeze_excitation_runs_as_one_graph(act, gate):
         ref = per_edge_reference(q, x)
         out_s = G.runner_of(q)._spec["values"][G.runner_of(q)._spec["nodes"][-1]["inputs"][0]][1]
         assert float((q(x) - ref).abs().max()) <= 2 * out_s + 1e-6
+
+
+class _AoNet(nn.Module):
+    """An eager-mode torch.ao model: QuantStub, conv+ReLU, max pool, conv,
+    quantized add (FloatFunctional), ReLU, global pool, flatten, DeQuantStub."""
+
+    def __init__(self):
+        super().__init__()
+        self.quant = torch.ao.quantization.QuantStub()
+        self.c1, self.r1 = nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()
+        self.pool = nn.MaxPool2d(2)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.ff = torch.ao.nn.quantized.FloatFunctional()
+        self.r2 = nn.ReLU()
+        self.dequant = torch.ao.quantization.DeQuantStub()
+
+    def forward(self, x):
+        y = self.pool(self.r1(self.c1(self.quant(x))))
+        y = self.r2(self.ff.add(self.c2(y), y))
+        return self.dequant(torch.flatten(F.adaptive_avg_pool2d(y, 1), 1))
+
+
+def test_torch_ao_eager_model_runs_as_one_graph_on_its_own_qparams():
+    torch.backends.quantized.engine = "x86"
+    torch.manual_seed(3)
+    model = _AoNet().eval()
+    model.qconfig = torch.ao.quantization.get_default_qconfig("x86")
+    torch.ao.quantization.fuse_modules(model, [["c1", "r1"]], inplace=True)
+    torch.ao.quantization.prepare(model, inplace=True)
+    with torch.no_grad():
+        for _ in range(4):
+            model(torch.randn(2, 3, 12, 12))
+    torch.ao.quantization.convert(model, inplace=True)
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad():
+        ref = model(x)
+    out_scale = float(model.ff.scale)
+    for backend in BACKENDS:
+        f = qpack.freeze(model, backend=backend)
+        runner = G.runner_of(f)
+        assert runner is not None and runner.num_segments == 1, backend
+        spec = runner._spec
+        dtypes = [v[0] for v in spec["values"]]
+        assert dtypes[spec["inputs"][0]] == "f32" and dtypes[spec["outputs"][0]] == "f32"
+        assert dtypes.count("u8") >= 5
+        rep = qpack.graph_report(f)
+        assert f"scale={out_scale:.6g}" in rep  # the model's own add qparams
+        with torch.no_grad():
+            y = f(x)
+            layers = qpack.freeze(model, backend=backend, graph=False)(x)
+        # the graph's ops against PyTorch's quantized kernels: within two quanta of the output
+        assert float((y - ref).abs().max()) <= 2.01 * out_scale, backend
+        assert float((y - layers).abs().max()) <= 2.01 * out_scale, backend
