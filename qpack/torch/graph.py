@@ -47,6 +47,15 @@ def _activation(node, modules):
         if type(m) is nn.GELU and m.approximate == "none":
             return "gelu", 0.0, 0.0
         return None
+    if (node.op == "call_method" and node.target in ("clamp", "clamp_")) or (
+            node.op == "call_function" and node.target is torch.clamp):
+        lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
+        hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
+        if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo < hi:
+            return "clamp", float(lo), float(hi)
+        if isinstance(lo, (int, float)) and hi is None and float(lo) == 0.0:
+            return "relu", 0.0, 0.0
+        return None
     if node.op == "call_function":
         if node.target not in (F.hardtanh, F.hardtanh_) and (
                 len(node.args) != 1 or set(node.kwargs) - {"inplace", "approximate"}):
@@ -153,7 +162,7 @@ class _Lowering:
 
     def lower_node(self, node):
         m = self.modules.get(node.target) if node.op == "call_module" else None
-        if m is not None and isinstance(m, _IDENTITY_MODULES):
+        if (m is not None and isinstance(m, _IDENTITY_MODULES)) or self.is_eval_dropout(node):
             self.value_of[node] = self.arg(node.args[0])
             return
         if isinstance(m, (FrozenConv2d, FrozenLinear)):
@@ -198,6 +207,8 @@ class _Lowering:
                 raise Unsupported("mul by a scalar")
             self.emit_checked(node, "mul", list(node.args))
             return
+        if node.op == "call_function" and node.target in (F.max_pool2d, F.avg_pool2d):
+            m = self.functional_pool(node)
         if isinstance(m, nn.MaxPool2d):
             if m.return_indices or _ints(m.dilation, 2) != (1, 1):
                 raise Unsupported("dilated or indexed max pooling")
@@ -293,6 +304,26 @@ class _Lowering:
         return None
 
     @staticmethod
+    def functional_pool(node):
+        """F.max_pool2d / F.avg_pool2d with constant arguments as the module they equal."""
+        names = {F.max_pool2d: ["kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"],
+                 F.avg_pool2d: ["kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
+                                "divisor_override"]}[node.target]
+        kw = dict(zip(names, node.args[1:]))
+        kw.update(node.kwargs)
+        if any(isinstance(v, torch.fx.Node) for v in kw.values()):
+            raise Unsupported("pooling with traced arguments")
+        return (nn.MaxPool2d if node.target is F.max_pool2d else nn.AvgPool2d)(**kw)
+
+    @staticmethod
+    def is_eval_dropout(node):
+        """F.dropout(x, p, training=False) (fx records a module's self.training as a constant)."""
+        if node.op != "call_function" or node.target not in (F.dropout, F.dropout2d):
+            return False
+        training = node.args[2] if len(node.args) > 2 else node.kwargs.get("training", True)
+        return training is False
+
+    @staticmethod
     def is_flatten(node, m):
         if isinstance(m, nn.Flatten):
             return m.start_dim == 1 and m.end_dim == -1
@@ -373,6 +404,8 @@ def whole(gm, segs):
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     outs = out_node.args[0]
     outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    if not all(isinstance(o, torch.fx.Node) for o in outs):
+        return None  # dicts, nested or constant outputs: the rewritten trace builds them
     if seg.input_nodes != placeholders or len(outs) != len(seg.outputs):
         return None
     if [seg.value_of.get(o) for o in outs] != seg.outputs:

@@ -591,3 +591,33 @@ def test_torch_ao_eager_model_runs_as_one_graph_on_its_own_qparams():
         # the graph's ops against PyTorch's quantized kernels: within two quanta of the output
         assert float((y - ref).abs().max()) <= 2.01 * out_scale, backend
         assert float((y - layers).abs().max()) <= 2.01 * out_scale, backend
+
+
+class FunctionalNet(nn.Module):
+    """Functional spellings: F.max_pool2d, F.avg_pool2d, F.dropout in eval,
+    torch.clamp / Tensor.clamp, and a dict output."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 6, 3, padding=1)
+        self.b = nn.Conv2d(6, 6, 1)
+
+    def forward(self, x):
+        y = F.max_pool2d(torch.clamp(self.a(x), 0, 6), 2)
+        y = F.dropout(y, 0.3, self.training)
+        y = F.avg_pool2d(self.b(y).clamp(min=0), 2, ceil_mode=True)
+        return {"features": y, "pooled": y.mean((2, 3))}
+
+
+def test_functional_spellings_and_dict_outputs():
+    model = FunctionalNet().eval()
+    x = torch.randn(2, 3, 13, 11)
+    f = qpack.freeze(model)
+    runner = G.runner_of(f)
+    assert runner is not None and runner.num_segments == 1
+    assert "maxpool2d" in qpack.graph_report(f) and "avgpool2d" in qpack.graph_report(f)
+    with torch.no_grad():
+        y, ref = f(x), model(x)
+    assert set(y) == {"features", "pooled"}
+    for k in y:
+        close(y[k], ref[k])
