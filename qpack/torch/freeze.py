@@ -532,10 +532,10 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
         common = dict(weight_scale=s, activation=layer.activation, backend=backend, retain=retain,
                       source="qpack_int8", folded_bn=layer._spec.get("folded_bn", False),
                       input_scale=in_s, input_zero_point=in_zp, output_scale=out_s, output_zero_point=out_zp)
-        if isinstance(layer, FrozenConv2d):
+        if isinstance(layer, (FrozenConv1d, FrozenConv2d)):
             sp = layer._spec
-            new = FrozenConv2d.make("int8_static", q, b, stride=sp["stride"], padding=sp["padding"],
-                                    dilation=sp["dilation"], groups=sp["groups"], **common)
+            new = type(layer).make("int8_static", q, b, stride=sp["stride"], padding=sp["padding"],
+                                   dilation=sp["dilation"], groups=sp["groups"], **common)
         else:
             new = FrozenLinear.make("int8_static", q, b, **common)
         replacements[id(layer)] = new.train(False)

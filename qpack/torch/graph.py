@@ -18,7 +18,7 @@ from torch import nn
 
 from qpack import _core
 from qpack.torch import quantize as _q
-from qpack.torch.modules import FrozenConv2d, FrozenLinear
+from qpack.torch.modules import FrozenConv1d, FrozenConv2d, FrozenLinear
 
 
 class Unsupported(Exception):
@@ -165,14 +165,14 @@ class _Lowering:
         if (m is not None and isinstance(m, _IDENTITY_MODULES)) or self.is_eval_dropout(node):
             self.value_of[node] = self.arg(node.args[0])
             return
-        if isinstance(m, (FrozenConv2d, FrozenLinear)):
+        if isinstance(m, (FrozenConv1d, FrozenConv2d, FrozenLinear)):
             if len(node.args) != 1:
                 raise Unsupported("a layer called with more than its input")
             legacy = m._spec["io"] == "legacy"
             if legacy != (self.value_of.get(node.args[0]) in self.qp):
                 raise Unsupported("a torch.ao layer outside its quantized region, or the reverse")
             self.layers.append(m)
-            out = self.emit(node, "conv2d" if isinstance(m, FrozenConv2d) else "linear", [node.args[0]], layer=m)
+            out = self.emit(node, "linear" if isinstance(m, FrozenLinear) else "conv2d", [node.args[0]], layer=m)
             if legacy:
                 self.qp[out] = (float(m._spec["output_scale"]), int(m._spec["output_zero_point"]))
             return
@@ -226,6 +226,11 @@ class _Lowering:
         if isinstance(m, nn.AdaptiveAvgPool2d) and _ints(m.output_size, 2) == (1, 1):
             self.emit_checked(node, "global_avgpool", [node.args[0]], keepdim=True)
             return
+        if ((isinstance(m, nn.AdaptiveAvgPool1d) and _ints(m.output_size, 1) == (1,)) or
+                (node.op == "call_function" and node.target is F.adaptive_avg_pool1d
+                 and _ints(node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size"), 1) == (1,))):
+            self.emit_checked(node, "global_avgpool", [node.args[0]], keepdim=True)
+            return
         if (node.op == "call_function" and node.target is F.adaptive_avg_pool2d
                 and _ints(node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size"), 2) == (1, 1)):
             self.emit_checked(node, "global_avgpool", [node.args[0]], keepdim=True)
@@ -244,7 +249,7 @@ class _Lowering:
                 raise Unsupported("concat other than along dim 1")
             self.emit_checked(node, "concat", list(tensors))
             return
-        if isinstance(m, nn.BatchNorm2d) and not m.training and m.track_running_stats:
+        if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)) and not m.training and m.track_running_stats:
             var, mean = m.running_var.double(), m.running_mean.double()
             g = m.weight.detach().double() if m.weight is not None else torch.ones_like(var)
             b = m.bias.detach().double() if m.bias is not None else torch.zeros_like(var)
@@ -342,7 +347,7 @@ def trace(model):
     """fx trace of a layer-frozen model, frozen layers as leaves."""
     class Tracer(torch.fx.Tracer):
         def is_leaf_module(self, m, qualname):
-            return isinstance(m, (FrozenConv2d, FrozenLinear)) or super().is_leaf_module(m, qualname)
+            return isinstance(m, (FrozenConv1d, FrozenConv2d, FrozenLinear)) or super().is_leaf_module(m, qualname)
 
     graph = Tracer().trace(model)
     return torch.fx.GraphModule(model, graph)

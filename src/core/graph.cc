@@ -393,8 +393,14 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
   switch (n.kind) {
     case QPACK_NODE_CONV2D: {
       const ConvSpec& s = n.conv->spec();
-      need_rank(x.rank == 4 && x.d[1] == s.IC, "[N, in_channels, H, W] input");
+      need_rank((x.rank == 4 || x.rank == 3) && x.d[1] == s.IC,
+                "[N, in_channels, H, W] input (or [N, in_channels, L] for a 1-D convolution)");
       y.d[1] = s.OC;
+      if (x.rank == 3) {  // conv1d: the 2-D op with height 1, on row-major [N, C, L]
+        int64_t oh = 0;
+        s.output_size(1, x.d[2], &oh, &y.d[2]);
+        return y;
+      }
       s.output_size(x.d[2], x.d[3], &y.d[2], &y.d[3]);
       return y;
     }
@@ -427,7 +433,12 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
       y.d[3] = pooled(x.d[3], n.kernel[1], n.stride[1], n.pad[1], n.pad[3], n.ceil_mode);
       return y;
     case QPACK_NODE_GLOBAL_AVGPOOL:
-      need_rank(x.rank == 4, "a rank-4 [N, C, H, W] input");
+      need_rank(x.rank == 4 || x.rank == 3, "a rank-4 [N, C, H, W] or rank-3 [N, C, L] input");
+      if (x.rank == 3) {  // mean over L
+        y.rank = n.keepdim ? 3 : 2;
+        y.d[2] = n.keepdim ? 1 : 0;
+        return y;
+      }
       if (n.keepdim) {
         y.d[2] = y.d[3] = 1;
       } else {
@@ -693,8 +704,13 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
 
   switch (n.kind) {
     case QPACK_NODE_CONV2D: {
-      const ConvShape s{xs.d[0], xs.d[2], xs.d[3], ys.d[2], ys.d[3],
-                        plan.nchw[n.in[0]] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC, QPACK_LAYOUT_NHWC};
+      // rank 3: [N, C, L] row-major is NCHW with height 1, in and out
+      const bool one_d = xs.rank == 3;
+      const ConvShape s = one_d ? ConvShape{xs.d[0], 1, xs.d[2], 1, ys.d[2], QPACK_LAYOUT_NCHW,
+                                            QPACK_LAYOUT_NCHW}
+                                : ConvShape{xs.d[0], xs.d[2], xs.d[3], ys.d[2], ys.d[3],
+                                            plan.nchw[n.in[0]] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC,
+                                            QPACK_LAYOUT_NHWC};
       if (u8) {
         n.conv->kernel().run_u8(s, x, qx.scale, qx.zp, y);
       } else {
@@ -786,6 +802,22 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       }
       return;
     case QPACK_NODE_GLOBAL_AVGPOOL: {
+      if (xs.rank == 3) {  // row-major [N, C, L]: each (n, c) row's mean
+        const int64_t rows = xs.d[0] * xs.d[1], L = xs.d[2];
+        const float inv = 1.0f / static_cast<float>(std::max<int64_t>(L, 1));
+        parallel_range(rows, 64, [&](int64_t b, int64_t e) {
+          for (int64_t r = b; r < e; ++r) {
+            float acc = 0.0f;
+            for (int64_t l = 0; l < L; ++l) acc += u8 ? static_cast<float>(x[r * L + l]) : xf[r * L + l];
+            if (u8) {
+              y[r] = qy.quant((acc * inv - qx.zp) * qx.scale);
+            } else {
+              yf[r] = acc * inv;
+            }
+          }
+        });
+        return;
+      }
       const int64_t N = xs.d[0], C = xs.d[1], HW = xs.d[2] * xs.d[3];
       parallel_range(N, 1, [&](int64_t b, int64_t e) {
         std::vector<float> acc(static_cast<size_t>(C));

@@ -230,7 +230,8 @@ def per_edge_reference(f, x):
             w, b = layer.dequantized_weight(), layer.unpack()[1]
             if k == "conv2d":
                 sp = layer._spec
-                r = F.conv2d(a, w, b, sp["stride"], sp["padding"], sp["dilation"], sp["groups"])
+                conv = F.conv1d if a.dim() == 3 else F.conv2d
+                r = conv(a, w, b, sp["stride"], sp["padding"], sp["dilation"], sp["groups"])
             else:
                 r = F.linear(a, w, b)
             r = _layer_act(layer.activation, r)
@@ -248,7 +249,7 @@ def per_edge_reference(f, x):
             r = F.avg_pool2d(a, n["kernel"], n["stride"], (p[0], p[1]), ceil_mode=n.get("ceil_mode", False),
                              count_include_pad=n.get("count_include_pad", True))
         elif k == "global_avgpool":
-            r = a.mean((2, 3), keepdim=n.get("keepdim", True))
+            r = a.mean(tuple(range(2, a.dim())), keepdim=n.get("keepdim", True))
         elif k == "flatten":
             r = torch.flatten(a, 1)
         elif k == "concat":
@@ -621,3 +622,46 @@ def test_functional_spellings_and_dict_outputs():
     assert set(y) == {"features", "pooled"}
     for k in y:
         close(y[k], ref[k])
+
+
+class Speech1d(nn.Module):
+    """A 1-D convolution stack (speech-style): Conv1d-BN-ReLU, an unfoldable
+    BatchNorm1d, a residual add, adaptive average pooling to one step, a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv1d(20, 32, 5, padding=2), nn.BatchNorm1d(32)
+        self.c2 = nn.Conv1d(32, 32, 3, padding=1, groups=4)
+        self.bn = nn.BatchNorm1d(32)
+        self.pool = nn.AdaptiveAvgPool1d(1)
+        self.fc = nn.Linear(32, 6)
+
+    def forward(self, x):
+        y = F.relu(self.b1(self.c1(x)))
+        y = self.bn(F.relu(self.c2(y))) + y
+        return self.fc(torch.flatten(self.pool(y), 1))
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_conv1d_models_run_as_one_graph(dtype):
+    torch.manual_seed(5)
+    model = Speech1d().eval()
+    for bn in (model.b1, model.bn):
+        bn.running_mean.uniform_(-0.2, 0.2)
+        bn.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(3, 20, 50)
+    kw = dict(dtype="int8", example_inputs=[torch.randn(3, 20, 50) for _ in range(3)],
+              backend=BACKENDS[0]) if dtype else {}
+    f = qpack.freeze(model, **kw)
+    runner = G.runner_of(f)
+    assert runner is not None and runner.num_segments == 1
+    with torch.no_grad():
+        err = rel_err(f(x), model(x))
+        assert err < (0.08 if dtype else 1e-5), err
+        if dtype:
+            ref = per_edge_reference(f, x)
+            out_s = runner._spec["values"][runner._spec["nodes"][-1]["inputs"][0]][1]
+            assert float((f(x) - ref).abs().max()) <= 2 * out_s + 1e-6
+        # other lengths plan again
+        x2 = torch.randn(2, 20, 31)
+        close(f(x2), model(x2), 0.08 if dtype else 1e-5)

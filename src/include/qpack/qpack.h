@@ -369,12 +369,14 @@ typedef enum qpack_dtype {
 } qpack_dtype;
 
 typedef enum qpack_node_kind {
-  QPACK_NODE_CONV2D = 0,         /* conv: x [N, C, H, W] -> y; dtype by the conv's mode */
+  QPACK_NODE_CONV2D = 0,         /* conv: x [N, C, H, W] -> y, or [N, C, L] for a kernel of
+                                    height 1 (conv1d); dtype by the conv's mode */
   QPACK_NODE_LINEAR = 1,         /* linear over the last dim of a rank-2 or rank-3 value */
   QPACK_NODE_ADD = 2,            /* inputs[0] + inputs[1] (same shape), then `activation` */
   QPACK_NODE_MAXPOOL2D = 3,      /* u8: output qparams = input qparams */
   QPACK_NODE_AVGPOOL2D = 4,
-  QPACK_NODE_GLOBAL_AVGPOOL = 5, /* mean over H, W: [N, C, 1, 1] (keepdim) or [N, C] */
+  QPACK_NODE_GLOBAL_AVGPOOL = 5, /* mean over H, W (or L): [N, C, 1, 1] / [N, C, 1] (keepdim)
+                                    or [N, C] */
   QPACK_NODE_FLATTEN = 6,        /* dims 1.. into one (NCHW order); u8 qparams kept */
   QPACK_NODE_CONCAT = 7,         /* along dim 1; u8 inputs requantized to the output's qparams */
   QPACK_NODE_ACTIVATION = 8,     /* elementwise `activation` */
