@@ -55,6 +55,9 @@ def build_info():
     """How this qpack was built."""
     return {
         "version": _core.version(),
+        # frozen-graph nodes: conv2d/linear run on a backend's kernels, the
+        # others in the core's own C++ whatever the backend
+        "graph_nodes": sorted(_core.NODE_KINDS),
         "mobile": _core.build_mobile(),
         "default_retain": _core.get_default_retain(),
         "num_threads": _core.get_num_threads(),

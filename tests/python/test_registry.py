@@ -19,6 +19,7 @@ def test_backends_come_from_the_registry():
     assert b["onednn"]["weight_quantization"] == ["per_tensor_symmetric", "per_channel_symmetric"]
     assert b["qnnpack"]["weight_quantization"] == ["per_tensor_affine", "per_channel_affine"]
     assert qpack.build_info()["version"] == qpack.__version__
+    assert {"conv2d", "linear", "add", "mul", "concat", "quantize"} <= set(qpack.build_info()["graph_nodes"])
 
 
 def test_auto_follows_the_registry(backend):
