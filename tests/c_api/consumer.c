@@ -276,7 +276,9 @@ static void test_graph(void) {
   qpack_graph_params gp = {5, values, 4, nodes, 1, &in_v, 1, &out_v};
   qpack_graph* g = NULL;
   EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_SUCCESS && g != NULL, "graph: create");
-  qpack_linear_close(lin); /* the graph holds the linear by reference */
+  /* the graph holds the linear by reference: its handle can go */
+  qpack_linear_close(lin);
+  qpack_linear_destroy(lin);
 
   qpack_tensor ti = {QPACK_DTYPE_F32, 2, {M, K, 0, 0}, QPACK_LAYOUT_NCHW, x};
   qpack_tensor to;
