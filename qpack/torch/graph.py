@@ -98,14 +98,16 @@ def _ints(v, n):
 
 
 def _is_spatial_mean(node):
-    """x.mean((2, 3)) / torch.mean(x, [-2, -1], keepdim=...) -> keepdim, else None."""
+    """x.mean((2, 3)) / torch.mean(x, [2, 3], keepdim=...) -> keepdim, else None.
+    (Negative dims are left to PyTorch: without shapes, (-2, -1) of a rank-3
+    value would be read as the spatial dims of a rank-4 one.)"""
     if not ((node.op == "call_method" and node.target == "mean") or
             (node.op == "call_function" and node.target is torch.mean)):
         return None
     args = list(node.args[1:])
     dims = args[0] if args else node.kwargs.get("dim")
     keepdim = args[1] if len(args) > 1 else node.kwargs.get("keepdim", False)
-    if not isinstance(dims, (tuple, list)) or sorted(d % 4 for d in dims) != [2, 3]:
+    if not isinstance(dims, (tuple, list)) or sorted(dims) != [2, 3]:
         return None
     if "dtype" in node.kwargs:
         return None

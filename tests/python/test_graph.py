@@ -665,3 +665,21 @@ def test_conv1d_models_run_as_one_graph(dtype):
         # other lengths plan again
         x2 = torch.randn(2, 20, 31)
         close(f(x2), model(x2), 0.08 if dtype else 1e-5)
+
+
+def test_negative_mean_dims_stay_in_pytorch():
+    # (-2, -1) of a rank-3 value are dims (1, 2): not the graph's spatial mean
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv1d(4, 4, 3)
+
+        def forward(self, x):
+            return self.c(x).mean((-2, -1))
+
+    model = M().eval()
+    x = torch.randn(2, 4, 9)
+    f = qpack.freeze(model)
+    assert "global_avgpool" not in qpack.graph_report(f)
+    with torch.no_grad():
+        close(f(x), model(x))
