@@ -528,10 +528,10 @@ class Segment:
         ids = [id(layer._packed) for layer in self.layers]
         if self.handle is None or ids != self.packed_ids:
             nodes = []
-            for n in self.spec["nodes"]:
-                n = {k: v for k, v in n.items() if k not in ("layer", "layer_index")}
-                if "layer_index" in self.spec["nodes"][len(nodes)]:
-                    n["op"] = self.layers[self.spec["nodes"][len(nodes)]["layer_index"]]._packed._h
+            for src in self.spec["nodes"]:
+                n = {k: v for k, v in src.items() if k not in ("layer", "layer_index")}
+                if "layer_index" in src:
+                    n["op"] = self.layers[src["layer_index"]]._packed._h
                 nodes.append(n)
             self.handle = _core.GraphHandle(self.spec["values"], nodes, self.spec["inputs"], self.spec["outputs"])
             self.packed_ids = ids

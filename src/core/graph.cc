@@ -554,7 +554,11 @@ GraphPlan Graph::make_plan(const qpack_tensor* inputs) const {
   return p;
 }
 
-std::shared_ptr<const GraphPlan> Graph::plan_for(const qpack_tensor* inputs, int num_inputs) const {
+std::shared_ptr<const GraphPlan> Graph::plan_for(const qpack_tensor* inputs, int num_inputs,
+                                                 const qpack_tensor* outputs, int num_outputs) const {
+  check(outputs != nullptr && num_outputs == static_cast<int>(outputs_.size()),
+        QPACK_STATUS_INVALID_ARGUMENT, "this graph has ", outputs_.size(), " output(s), got ",
+        num_outputs);
   check(num_inputs == static_cast<int>(inputs_.size()), QPACK_STATUS_INVALID_ARGUMENT,
         "this graph takes ", inputs_.size(), " input(s), got ", num_inputs);
   check(inputs != nullptr, QPACK_STATUS_INVALID_ARGUMENT, "inputs is NULL");
@@ -597,10 +601,7 @@ std::shared_ptr<const GraphPlan> Graph::plan_for(const qpack_tensor* inputs, int
 
 void Graph::output_shapes(const qpack_tensor* inputs, int num_inputs, qpack_tensor* outputs,
                           int num_outputs) const {
-  check(outputs != nullptr && num_outputs == static_cast<int>(outputs_.size()),
-        QPACK_STATUS_INVALID_ARGUMENT, "this graph has ", outputs_.size(), " output(s), got ",
-        num_outputs);
-  auto plan = plan_for(inputs, num_inputs);
+  auto plan = plan_for(inputs, num_inputs, outputs, num_outputs);
   for (int i = 0; i < num_outputs; ++i) {
     const Shape& s = plan->shapes[outputs_[i]];
     outputs[i].dtype = values_[outputs_[i]].dtype;
@@ -613,10 +614,7 @@ void Graph::output_shapes(const qpack_tensor* inputs, int num_inputs, qpack_tens
 
 void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* outputs,
                 int num_outputs) const {
-  check(outputs != nullptr && num_outputs == static_cast<int>(outputs_.size()),
-        QPACK_STATUS_INVALID_ARGUMENT, "this graph has ", outputs_.size(), " output(s), got ",
-        num_outputs);
-  auto plan = plan_for(inputs, num_inputs);
+  auto plan = plan_for(inputs, num_inputs, outputs, num_outputs);
   for (int i = 0; i < num_outputs; ++i) {
     const qpack_tensor& t = outputs[i];
     const Shape& s = plan->shapes[outputs_[i]];

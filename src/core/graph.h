@@ -79,7 +79,9 @@ class Graph {
   const Counters& counters() const { return counters_; }
 
  private:
-  std::shared_ptr<const GraphPlan> plan_for(const qpack_tensor* inputs, int num_inputs) const;
+  // The plan for these inputs, once the output count was checked.
+  std::shared_ptr<const GraphPlan> plan_for(const qpack_tensor* inputs, int num_inputs,
+                                            const qpack_tensor* outputs, int num_outputs) const;
   GraphPlan make_plan(const qpack_tensor* inputs) const;
   Shape infer(const GraphNode& n, const std::vector<Shape>& shapes) const;
   void run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* ptrs) const;
