@@ -29,7 +29,7 @@ $(DEPS_STAMP): pyproject.toml Makefile | $(PY)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_PIN) "numpy>=1.22" "pytest>=7" "hypothesis>=6" \
 	    "cython>=3.0" "scikit-build-core>=0.10" ninja "cmake>=3.18" \
-	    onednn-devel-cpu-gomp==2023.2.0 onednn-cpu-gomp==2023.2.0
+	    onednn-devel-cpu-gomp==2023.2.0 onednn-cpu-gomp==2023.2.0 "xxhash>=3" "click>=8" "tqdm>=4"
 	$(PIP) install -q $(TORCH_PIN) $(EXTRA_DEPS)
 	$(PIP) install -q $(CONDA_DEPS)
 	touch $@

@@ -16,7 +16,7 @@ dest="$cache/qnnpack"
 tarball="pytorch_1.13.1+dfsg.orig.tar.xz"
 sha256="d0355588b8528566d477e6ebf1b4d9d036a6fd75711339f66b27472ce5879dc7"
 subtree="aten/src/ATen/native/quantized/cpu/qnnpack"
-deps=(libcpuinfo-dev libpthreadpool-dev libfp16-dev libfxdiv-dev libpsimd-dev)
+deps=(libcpuinfo-dev libpthreadpool-dev libfp16-dev libfxdiv-dev libpsimd-dev libxxhash-dev)
 
 die() { echo "fetch_qnnpack: $*" >&2; exit 1; }
 escape="Set QPACK_QNNPACK_SOURCE_DIR to a checkout of $subtree (from PyTorch 1.13) instead."
