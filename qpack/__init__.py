@@ -7,6 +7,8 @@ from qpack._core import (
     BackendError,
     ClosedError,
     Error,
+    FileFormatError,
+    FileIOError,
     InvalidArgumentError,
     InvalidTypeError,
     OutOfMemoryError,
@@ -23,6 +25,7 @@ from qpack._policy import (
 )
 from qpack._conv import PackedConv1d, PackedConv2d
 from qpack._linear import PackedLinear
+from qpack._model import RepackWarning, load, save
 
 __version__ = "0.1.0"
 
@@ -42,18 +45,23 @@ __all__ = [
     "BackendError",
     "ClosedError",
     "Error",
+    "FileFormatError",
+    "FileIOError",
     "InvalidArgumentError",
     "InvalidTypeError",
     "OutOfMemoryError",
     "PackedConv1d",
     "PackedConv2d",
     "PackedLinear",
+    "RepackWarning",
     "UnsupportedError",
     "backends",
     "build_info",
     "get_default_retain",
     "get_num_threads",
+    "load",
     "retain",
+    "save",
     "set_default_retain",
     "set_num_threads",
 ]

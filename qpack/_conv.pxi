@@ -16,9 +16,11 @@ cdef class Conv2dHandle:
     cdef readonly bint has_bias
     cdef readonly tuple weight_shape
 
-    def __cinit__(self, args, str backend, retain, tuple stride, tuple padding, tuple dilation,
-                  int groups):
+    def __cinit__(self, args=None, str backend="auto", retain=None, tuple stride=(1, 1),
+                  tuple padding=(0, 0, 0, 0), tuple dilation=(1, 1), int groups=1):
         self._h = NULL
+        if args is None:  # adopted: see _adopt_conv2d
+            return
         cdef qpack_conv2d_params p
         qpack_conv2d_params_init(&p)
         cdef _OpArrays arrays = _OpArrays(args)
@@ -129,3 +131,19 @@ cdef class Conv2dHandle:
 
     def close(self):
         check_status(qpack_conv2d_close(self._h))
+
+
+cdef Conv2dHandle _adopt_conv2d(qpack_conv2d* h):
+    """A Conv2dHandle owning h (from a model file)."""
+    cdef Conv2dHandle self = Conv2dHandle.__new__(Conv2dHandle)
+    self._h = h
+    cdef qpack_conv2d_info info
+    check_status(qpack_conv2d_get_info(h, &info))
+    self.in_channels = info.in_channels
+    self.out_channels = info.out_channels
+    self.mode = _MODE_NAMES[info.mode]
+    self.has_bias = bool(info.has_bias)
+    self.backend = _BACKEND_NAMES[info.backend]
+    self.weight_shape = (int(info.out_channels), int(info.in_channels // info.groups),
+                         int(info.kernel_h), int(info.kernel_w))
+    return self

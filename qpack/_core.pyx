@@ -170,8 +170,10 @@ cdef class LinearHandle:
     cdef readonly str backend
     cdef readonly bint has_bias
 
-    def __cinit__(self, args, str backend, retain):
+    def __cinit__(self, args=None, str backend="auto", retain=None):
         self._h = NULL
+        if args is None:  # adopted: see _adopt_linear
+            return
         cdef qpack_linear_params p
         qpack_linear_params_init(&p)
         cdef _OpArrays arrays = _OpArrays(args)
@@ -261,5 +263,20 @@ cdef class LinearHandle:
         check_status(qpack_linear_close(self._h))
 
 
+cdef LinearHandle _adopt_linear(qpack_linear* h):
+    """A LinearHandle owning h (from a model file)."""
+    cdef LinearHandle self = LinearHandle.__new__(LinearHandle)
+    self._h = h
+    cdef qpack_linear_info info
+    check_status(qpack_linear_get_info(h, &info))
+    self.in_features = info.in_features
+    self.out_features = info.out_features
+    self.mode = _MODE_NAMES[info.mode]
+    self.has_bias = bool(info.has_bias)
+    self.backend = _BACKEND_NAMES[info.backend]
+    return self
+
+
 include "_conv.pxi"
 include "_graph.pxi"
+include "_model.pxi"

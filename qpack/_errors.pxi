@@ -28,6 +28,15 @@ class OutOfMemoryError(Error, MemoryError):
     """An allocation failed."""
 
 
+class FileFormatError(Error, ValueError):
+    """A model file is corrupt, truncated, of another format version, or
+    packed for another build or CPU and loaded with strict=True."""
+
+
+class FileIOError(Error, OSError):
+    """A model file could not be opened, read or written."""
+
+
 _STATUS_TO_ERROR = {
     QPACK_STATUS_INVALID_ARGUMENT: InvalidArgumentError,
     QPACK_STATUS_INVALID_TYPE: InvalidTypeError,
@@ -35,6 +44,8 @@ _STATUS_TO_ERROR = {
     QPACK_STATUS_OUT_OF_MEMORY: OutOfMemoryError,
     QPACK_STATUS_CLOSED: ClosedError,
     QPACK_STATUS_BACKEND_ERROR: BackendError,
+    QPACK_STATUS_FILE_FORMAT: FileFormatError,
+    QPACK_STATUS_IO: FileIOError,
 }
 
 

@@ -283,6 +283,11 @@ class PackedOp:
         """Weight scales (float32 array: 1 per-tensor or one per output channel); None for fp32."""
         return None if self._weight_scale is None else self._weight_scale.copy()
 
+    def save(self, path, *, originals=True):
+        """qpack.save(self, path): a packed model file holding this op."""
+        from qpack._model import save
+        save(self, path, originals=originals)
+
     def release_original(self):
         """Drop the original weight; unpack() keeps working from the packed form."""
         self._h.release_original()

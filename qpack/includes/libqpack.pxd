@@ -12,6 +12,8 @@ cdef extern from "qpack/qpack.h" nogil:
         QPACK_STATUS_CLOSED
         QPACK_STATUS_BACKEND_ERROR
         QPACK_STATUS_INTERNAL
+        QPACK_STATUS_FILE_FORMAT
+        QPACK_STATUS_IO
 
     ctypedef enum qpack_backend:
         QPACK_BACKEND_AUTO
@@ -274,3 +276,47 @@ cdef extern from "qpack/qpack.h" nogil:
                                  const qpack_tensor* inputs, int32_t num_outputs,
                                  qpack_tensor* outputs)
     qpack_status qpack_graph_get_info(const qpack_graph* graph, qpack_graph_info* info_out)
+
+    # ---- packed model files ----
+    ctypedef struct qpack_model:
+        pass
+
+    ctypedef struct qpack_save_params:
+        int32_t num_linears
+        const qpack_linear* const* linears
+        int32_t num_convs
+        const qpack_conv2d* const* convs
+        int32_t num_graphs
+        const qpack_graph* const* graphs
+        const void* host_data
+        size_t host_size
+        int with_originals
+
+    ctypedef struct qpack_load_options:
+        int map
+        int verify
+        int strict
+
+    ctypedef enum qpack_op_kind:
+        QPACK_OP_LINEAR
+        QPACK_OP_CONV2D
+
+    ctypedef struct qpack_model_info:
+        int32_t num_ops, num_graphs
+        int32_t num_repacked
+        int mapped
+        size_t file_size
+        size_t nbytes_in_place
+        size_t host_size
+
+    void qpack_load_options_init(qpack_load_options* options)
+    qpack_status qpack_model_save(const qpack_save_params* params, const char* path)
+    qpack_status qpack_model_load(const char* path, const qpack_load_options* options,
+                                  qpack_model** model_out)
+    void qpack_model_destroy(qpack_model* model)
+    qpack_status qpack_model_get_info(const qpack_model* model, qpack_model_info* info_out)
+    qpack_status qpack_model_op_kind(const qpack_model* model, int32_t index, qpack_op_kind* kind_out)
+    qpack_status qpack_model_linear(const qpack_model* model, int32_t index, qpack_linear** out)
+    qpack_status qpack_model_conv2d(const qpack_model* model, int32_t index, qpack_conv2d** out)
+    qpack_status qpack_model_host(const qpack_model* model, const void** data_out, size_t* size_out)
+    qpack_status qpack_model_repacked(const qpack_model* model, int32_t index, char* buf, size_t size)

@@ -689,6 +689,14 @@ class GraphRunner:
     def __reduce__(self):
         return (GraphRunner, (self._model_ref, self._qparams))
 
+    def __qpk_reduce__(self):
+        return self.__reduce__()
+
+    def __qpk_graphs__(self):
+        """The core graphs this forward runs (qpack.save writes them to the file)."""
+        self._ready()
+        return [s.graph() for s in self._segments]
+
     def __deepcopy__(self, memo):
         import copy
         return GraphRunner(copy.deepcopy(self._model_ref, memo), copy.deepcopy(self._qparams, memo))

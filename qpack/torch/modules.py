@@ -37,6 +37,13 @@ def _activation_module(activation):
     return nn.Hardtanh(lo, hi)
 
 
+def _restore_frozen(cls, state):
+    """A frozen module from qpack.load (its packed op already loaded)."""
+    obj = cls.__new__(cls)
+    nn.Module.__setstate__(obj, state)
+    return obj
+
+
 class _Frozen(nn.Module):
     """Common lifetime, saving and reporting for the frozen modules."""
 
@@ -242,6 +249,11 @@ class _Frozen(nn.Module):
             self._import(saved)
         finally:
             self._retain = keep
+
+    def __qpk_reduce__(self):
+        # qpack.save: the packed op itself (a persistent id in the file), not
+        # the unpacked weights __getstate__ gives pickle and torch.save.
+        return (_restore_frozen, (self.__class__, self.__dict__.copy()))
 
     def __deepcopy__(self, memo):
         new = self.__class__.__new__(self.__class__)

@@ -61,7 +61,7 @@ void qpack_conv2d_params_init(qpack_conv2d_params* params) {
 }
 
 qpack_status qpack_conv2d_create(const qpack_conv2d_params* params, qpack_conv2d** conv_out) {
-  return api::create(params, conv_out, qpack::make_conv_spec);
+  return api::create(params, conv_out, [](const qpack_conv2d_params& p) { return qpack::make_conv_spec(p); });
 }
 
 void qpack_conv2d_destroy(qpack_conv2d* conv) { delete conv; }

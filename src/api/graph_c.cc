@@ -8,7 +8,6 @@
 #include "core/graph.h"
 #include "qpack/qpack.h"
 
-struct qpack_graph : qpack::api::Handle<qpack::Graph> {};
 
 namespace {
 namespace api = qpack::api;

@@ -10,6 +10,7 @@
 
 #include "api/guard.h"
 #include "core/error.h"
+#include "core/graph.h"
 #include "core/packed_op.h"
 #include "core/policy.h"
 #include "qpack/qpack.h"
@@ -121,4 +122,5 @@ qpack_status info(const H* handle, const char* what, Info* out) {
 // The opaque handle types of qpack.h.
 struct qpack_linear : qpack::api::Handle<qpack::Linear> {};
 struct qpack_conv2d : qpack::api::Handle<qpack::Conv> {};
+struct qpack_graph : qpack::api::Handle<qpack::Graph> {};
 

@@ -41,7 +41,8 @@ void qpack_linear_params_init(qpack_linear_params* params) {
 }
 
 qpack_status qpack_linear_create(const qpack_linear_params* params, qpack_linear** linear_out) {
-  return api::create(params, linear_out, qpack::make_linear_spec);
+  return api::create(params, linear_out,
+                     [](const qpack_linear_params& p) { return qpack::make_linear_spec(p); });
 }
 
 void qpack_linear_destroy(qpack_linear* linear) { delete linear; }

@@ -37,7 +37,7 @@ void ConvSpec::output_size(int64_t H, int64_t W, int64_t* OH, int64_t* OW) const
   *OW = (pw - kw) / stride_w + 1;
 }
 
-ConvSpec make_conv_spec(const qpack_conv2d_params& p) {
+ConvSpec make_conv_spec(const qpack_conv2d_params& p, bool weight_given) {
   ConvSpec s;
   constexpr int64_t kMaxDim = int64_t(1) << 24;
   auto in_range = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
@@ -75,7 +75,8 @@ ConvSpec make_conv_spec(const qpack_conv2d_params& p) {
   check(s.weight_count() < (int64_t(1) << 31), QPACK_STATUS_INVALID_ARGUMENT,
         "the weight has more than 2^31 elements");
 
-  parse_op_spec(OpParams::of(p), OpKind::conv2d, p.weight, s.weight_count(), s.OC, "channel", &s);
+  parse_op_spec(OpParams::of(p), OpKind::conv2d, p.weight, s.weight_count(), s.OC, "channel", &s,
+                weight_given);
   return s;
 }
 

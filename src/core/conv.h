@@ -57,8 +57,10 @@ class ConvKernel : public Kernel {
   const ConvSpec spec_;
 };
 using ConvFactory = std::unique_ptr<ConvKernel> (*)(const ConvSpec&, const void* weight);
+using ConvLoader = std::unique_ptr<ConvKernel> (*)(const ConvSpec&, const SavedForm&);
 
 // Validates and normalises a public params struct into a spec (throws qpack::Error).
-ConvSpec make_conv_spec(const qpack_conv2d_params& params);
+// weight_given = false: the spec of a saved op, whose params carry no weight.
+ConvSpec make_conv_spec(const qpack_conv2d_params& params, bool weight_given = true);
 
 }  // namespace qpack

@@ -70,6 +70,10 @@ class Graph {
   void run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* outputs,
            int num_outputs) const;
 
+  const std::vector<GraphValue>& values() const { return values_; }
+  const std::vector<GraphNode>& nodes() const { return nodes_; }
+  const std::vector<int>& inputs() const { return inputs_; }
+  const std::vector<int>& outputs() const { return outputs_; }
   size_t num_values() const { return values_.size(); }
   size_t num_nodes() const { return nodes_.size(); }
   size_t num_inputs() const { return inputs_.size(); }

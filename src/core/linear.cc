@@ -23,7 +23,7 @@ void LinearKernel::do_run_u8(int64_t, const uint8_t*, float, int32_t, uint8_t*) 
   not_run(spec_, OpKind::linear);
 }
 
-LinearSpec make_linear_spec(const qpack_linear_params& p) {
+LinearSpec make_linear_spec(const qpack_linear_params& p, bool weight_given) {
   LinearSpec s;
   check(p.in_features >= 1 && p.out_features >= 1, QPACK_STATUS_INVALID_ARGUMENT,
         "the weight needs at least one row and column: in_features and out_features must be "
@@ -33,7 +33,7 @@ LinearSpec make_linear_spec(const qpack_linear_params& p) {
         QPACK_STATUS_INVALID_ARGUMENT, "in_features and out_features must be < 2^31");
   s.K = p.in_features;
   s.N = p.out_features;
-  parse_op_spec(OpParams::of(p), OpKind::linear, p.weight, s.K * s.N, s.N, "feature", &s);
+  parse_op_spec(OpParams::of(p), OpKind::linear, p.weight, s.K * s.N, s.N, "feature", &s, weight_given);
   return s;
 }
 

@@ -43,8 +43,10 @@ class LinearKernel : public Kernel {
   const LinearSpec spec_;
 };
 using LinearFactory = std::unique_ptr<LinearKernel> (*)(const LinearSpec&, const void* weight);
+using LinearLoader = std::unique_ptr<LinearKernel> (*)(const LinearSpec&, const SavedForm&);
 
 // Validates and normalises a public params struct into a spec (throws qpack::Error).
-LinearSpec make_linear_spec(const qpack_linear_params& params);
+// weight_given = false: the spec of a saved op, whose params carry no weight.
+LinearSpec make_linear_spec(const qpack_linear_params& params, bool weight_given = true);
 
 }  // namespace qpack

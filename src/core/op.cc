@@ -141,15 +141,24 @@ void parse_static_io(const OpParams& p, OpSpec* s) {
 
 }  // namespace
 
+void layout_differs(const SavedForm& form, const std::string& layouts) {
+  const std::string why = form.same_build ? layouts : form.other_build + "; " + layouts;
+  check(form.allow_repack, QPACK_STATUS_FILE_FORMAT, form.what, " was packed for another layout (",
+        why, "); load without strict to re-pack it here, or freeze and save the model on this "
+        "machine");
+  form.repacked = true;
+  form.why = why;
+}
+
 void parse_op_spec(const OpParams& p, OpKind op, const void* weight, int64_t weight_count,
-                   int64_t channels, const char* unit, OpSpec* s) {
-  check(weight != nullptr, QPACK_STATUS_INVALID_ARGUMENT, "weight is NULL");
+                   int64_t channels, const char* unit, OpSpec* s, bool weight_given) {
+  check(weight != nullptr || !weight_given, QPACK_STATUS_INVALID_ARGUMENT, "weight is NULL");
   check(p.mode == QPACK_MODE_F32 || p.mode == QPACK_MODE_INT8_STATIC ||
             p.mode == QPACK_MODE_INT8_DYNAMIC,
         QPACK_STATUS_INVALID_ARGUMENT, "unknown mode ", static_cast<int>(p.mode));
   s->mode = p.mode;
   s->backend = resolve_backend(p.backend, op, p.mode);
-  if (!s->int8()) {
+  if (!s->int8() && weight != nullptr) {
     const float* w = static_cast<const float*>(weight);
     for (int64_t i = 0; i < weight_count; ++i) {
       check(std::isfinite(w[i]), QPACK_STATUS_INVALID_ARGUMENT,

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -84,9 +85,10 @@ const char* op_name(OpKind op);  // "linear", "convolution"
 
 // Validates the shared parameters of an op with `channels` output channels
 // (`unit` names one in messages: "feature", "channel") and `weight_count`
-// weights into spec, and resolves the backend through the registry.
+// weights into spec, and resolves the backend through the registry. A null
+// weight with !weight_given: the spec of a saved op (its weights are packed).
 void parse_op_spec(const OpParams& p, OpKind op, const void* weight, int64_t weight_count,
-                   int64_t channels, const char* unit, OpSpec* spec);
+                   int64_t channels, const char* unit, OpSpec* spec, bool weight_given = true);
 
 // Run entry points (LinearKernel::run_f32 ...): the input kind must match
 // the mode (uint8 exactly for static int8), else INVALID_TYPE.
@@ -110,6 +112,41 @@ struct Counters {
   void ran() { runs.fetch_add(1, std::memory_order_relaxed); }
 };
 
+// Read-only bytes kept valid by `owner` (a mapped model file, or a heap copy).
+struct Blob {
+  std::shared_ptr<const void> owner;
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+};
+
+// A kernel's packed weights as a model file stores them (docs/FORMAT.md):
+// the backend's description of the layout, and the bytes the kernels read
+// (kept alive by `keep` while the form is used).
+struct PackedForm {
+  std::vector<uint8_t> layout;
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  std::shared_ptr<const void> keep;
+};
+
+// What a backend's loader gets back from a file: the saved layout and packed
+// bytes. Equal to the layout this machine's kernels want, the bytes are used
+// in place; otherwise the weight is decoded from them and re-packed (then
+// `repacked` is set), or refused with FILE_FORMAT when !allow_repack.
+struct SavedForm {
+  std::vector<uint8_t> layout;
+  Blob packed;
+  bool allow_repack = true;
+  bool same_build = true;  // packed by this build's packing code (else never used in place)
+  std::string other_build;  // when not: "packed by X for ISA Y; this is Z", in messages
+  std::string what;  // "op 3 (linear)", in messages
+  mutable bool repacked = false;
+  mutable std::string why;  // what differed, when repacked
+};
+// The layouts differ: records why for a re-pack, or throws FILE_FORMAT when
+// the form does not allow one.
+void layout_differs(const SavedForm& form, const std::string& why);
+
 // A backend's packed weights for one op.
 class Kernel {
  public:
@@ -118,6 +155,8 @@ class Kernel {
   // reconstructed from the packed form.
   virtual void unpack_weight(void* out) const = 0;
   virtual size_t nbytes_packed() const = 0;
+  // The packed weights as a model file stores them.
+  virtual PackedForm packed_form() const = 0;
   const Counters& counters() const { return counters_; }
 
  protected:

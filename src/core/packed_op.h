@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/conv.h"
+#include "core/error.h"
 #include "core/linear.h"
 #include "core/op.h"
 #include "core/registry.h"
@@ -19,11 +20,19 @@ template <typename KernelT>
 class PackedOp {
  public:
   using Spec = typename KernelT::Spec;
-  using Factory = std::unique_ptr<KernelT> (*)(const Spec&, const void*);
 
   PackedOp(Spec spec, const void* weight, bool retain) : spec_(std::move(spec)) {
-    kernel_ = backend(spec_.backend).template support<Factory>().make(spec_, weight);
+    kernel_ = backend(spec_.backend).template support<KernelT>().make(spec_, weight);
     if (retain) original_.keep(weight, spec_.weight_nbytes());
+  }
+  // An op loaded from a model file: its packed form, and the original weight
+  // when the file kept it (spec_.weight_nbytes() bytes, else null).
+  PackedOp(Spec spec, const SavedForm& form, const void* original) : spec_(std::move(spec)) {
+    const auto& support = backend(spec_.backend).template support<KernelT>();
+    check(support.load != nullptr, QPACK_STATUS_UNSUPPORTED, form.what,
+          " cannot be loaded: its backend cannot load saved ", op_name(Spec::kind), "s");
+    kernel_ = support.load(spec_, form);
+    if (original != nullptr) original_.keep(original, spec_.weight_nbytes());
   }
 
   const Spec& spec() const { return spec_; }

@@ -8,6 +8,7 @@
 // and option in src/CMakeLists.txt.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,11 +18,14 @@
 
 namespace qpack {
 
-// One op on one backend: the modes it supports (bit 1 << qpack_mode) and its factory.
-template <typename Factory>
+// One op on one backend: the modes it supports (bit 1 << qpack_mode), its
+// factory, and its loader (a kernel over packed bytes saved in a model file).
+template <typename KernelT>
 struct OpSupport {
+  using Spec = typename KernelT::Spec;
   unsigned modes = 0;
-  Factory make = nullptr;
+  std::unique_ptr<KernelT> (*make)(const Spec&, const void* weight) = nullptr;
+  std::unique_ptr<KernelT> (*load)(const Spec&, const SavedForm&) = nullptr;
   bool supports(qpack_mode mode) const { return make != nullptr && (modes & (1u << mode)); }
 };
 
@@ -30,8 +34,13 @@ struct BackendOps {
   bool (*available)() = nullptr;     // usable on this CPU (initialises on first call)
   std::string (*describe)() = nullptr;
   bool asymmetric_weights = false;   // int8 weights may have nonzero zero points
-  OpSupport<LinearFactory> linear;
-  OpSupport<ConvFactory> conv2d;
+  // Identifies the packing code (library version and qpack's packing) and
+  // the ISA packed layouts are made for here: a model file's header records
+  // both (docs/FORMAT.md).
+  std::string (*build_id)() = nullptr;
+  std::string (*isa)() = nullptr;
+  OpSupport<LinearKernel> linear;
+  OpSupport<ConvKernel> conv2d;
 };
 
 struct Backend {
@@ -42,13 +51,13 @@ struct Backend {
 
   bool compiled() const { return ops.available != nullptr; }
   bool available() const { return compiled() && ops.available(); }
-  template <typename Factory>
-  const OpSupport<Factory>& support() const;
+  template <typename KernelT>
+  const OpSupport<KernelT>& support() const;
 };
 template <>
-inline const OpSupport<LinearFactory>& Backend::support<LinearFactory>() const { return ops.linear; }
+inline const OpSupport<LinearKernel>& Backend::support<LinearKernel>() const { return ops.linear; }
 template <>
-inline const OpSupport<ConvFactory>& Backend::support<ConvFactory>() const { return ops.conv2d; }
+inline const OpSupport<ConvKernel>& Backend::support<ConvKernel>() const { return ops.conv2d; }
 
 // Every backend qpack knows, in AUTO preference order (defined in backends/registry.cc).
 const std::vector<Backend>& backends();

@@ -35,9 +35,12 @@ using dnnl::memory;
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
-// Packed weights in one oneDNN layout; immutable once published.
+// Packed weights in one oneDNN layout, chosen for the channels-last problem
+// N x H x W; immutable once published.
 struct Packed {
   memory mem;
+  int64_t N = 1, H = 0, W = 0;
+  std::shared_ptr<const void> keep;  // the model file mem points into, if any
   memory::desc md() const { return mem.get_desc(); }
 };
 
@@ -59,13 +62,76 @@ class OnednnConv final : public ConvKernel {
         // Depthwise int8 kernels widen to 32 bits: exact without VNNI.
         split_(spec.int8() && !spec.depthwise() && !isa_has_vnni()),
         quant_(quant_of(spec, split_)) {
+    // Pack for a representative channels-last problem; other shapes reuse the layout.
+    const int64_t H = std::max<int64_t>(kPackSize, spec_.dil_h * (spec_.KH - 1) + 1);
+    const int64_t W = std::max<int64_t>(kPackSize, spec_.dil_w * (spec_.KW - 1) + 1);
+    init([&] {
+      packed_ = relayout_from_plain(weight, wanted_md(1, H, W), 1, H, W);
+    });
+  }
+
+  // Saved packed bytes: used in place when oneDNN wants their layout here for
+  // the problem they were packed for, else decoded and re-packed.
+  OnednnConv(const ConvSpec& spec, const SavedForm& form)
+      : ConvKernel(spec),
+        split_(spec.int8() && !spec.depthwise() && !isa_has_vnni()),
+        quant_(quant_of(spec, split_)) {
+    const BlockedLayout saved = BlockedLayout::parse(form.layout, form.what);
+    const auto dims = wei_dims();
+    bool dims_ok = saved.ndims == static_cast<int32_t>(dims.size());
+    for (int i = 0; dims_ok && i < saved.ndims; ++i) dims_ok = saved.dims[i] == dims[i];
+    const int64_t N = saved.problem[0], H = saved.problem[1], W = saved.problem[2];
+    const int64_t min_h = spec_.dil_h * (spec_.KH - 1) + 1, min_w = spec_.dil_w * (spec_.KW - 1) + 1;
+    check(dims_ok && saved.size == form.packed.size &&
+              saved.data_type == static_cast<uint32_t>(wei_dt()) && N >= 1 && N <= 4096 &&
+              H >= std::max<int64_t>(1, min_h - spec_.pad_t - spec_.pad_b) && H <= 65536 &&
+              W >= std::max<int64_t>(1, min_w - spec_.pad_l - spec_.pad_r) && W <= 65536,
+          QPACK_STATUS_FILE_FORMAT, form.what, ": its oneDNN layout ", saved.str(),
+          " does not describe this convolution's weight (", form.packed.size,
+          " bytes); the file is corrupt (re-freeze and save it again)");
+    init([&] {
+      const memory::desc md = wanted_md(N, H, W);
+      const BlockedLayout wanted = BlockedLayout::of(md, split_);
+      auto packed = std::make_shared<Packed>();
+      packed->N = N;
+      packed->H = H;
+      packed->W = W;
+      if (form.same_build && wanted == saved) {
+        packed->mem = memory(md, engine(), const_cast<uint8_t*>(form.packed.data));
+        packed->keep = form.packed.owner;
+        packed_ = packed;
+        return;
+      }
+      layout_differs(form, "saved " + saved.str() + ", oneDNN wants " + wanted.str() + " here");
+      std::vector<uint8_t> plain(static_cast<size_t>(spec_.weight_count()) * spec_.weight_elem_size());
+      decode_blocked(saved, form.packed.data, spec_.weight_elem_size(), plain.data());
+      packed_ = relayout_from_plain(plain.data(), md, N, H, W);
+    });
+  }
+
+  PackedForm packed_form() const override {
+    auto packed = std::atomic_load(&packed_);
+    BlockedLayout layout = BlockedLayout::of(packed->md(), split_);
+    layout.problem[0] = packed->N;
+    layout.problem[1] = packed->H;
+    layout.problem[2] = packed->W;
+    return PackedForm{layout.bytes(), static_cast<const uint8_t*>(packed->mem.get_data_handle()),
+                      packed->md().get_size(), packed};
+  }
+
+ private:
+  // The weight layout oneDNN wants for the channels-last problem N x H x W.
+  memory::desc wanted_md(int64_t N, int64_t H, int64_t W) const {
+    return make_pd(N, H, W, tag::nhwc, tag::nhwc, memory::desc(wei_dims(), wei_dt(), tag::any))
+        .weights_desc();
+  }
+
+  // place() fills packed_; then bias and scales.
+  template <typename Place>
+  void init(const Place& place) {
     try {
-      // Pack for a representative channels-last problem; other shapes reuse the layout.
-      const int64_t H = std::max<int64_t>(kPackSize, spec_.dil_h * (spec_.KH - 1) + 1);
-      const int64_t W = std::max<int64_t>(kPackSize, spec_.dil_w * (spec_.KW - 1) + 1);
       apply_num_threads();
-      auto pd = make_pd(1, H, W, tag::nhwc, tag::nhwc, memory::desc(wei_dims(), wei_dt(), tag::any));
-      packed_ = relayout_from_plain(weight, pd.weights_desc());
+      place();
       if (with_bias()) {
         bias_ = memory({{spec_.OC}, dt::f32, tag::a}, engine(), const_cast<float*>(spec_.bias.data()));
       }
@@ -78,6 +144,8 @@ class OnednnConv final : public ConvKernel {
     }
     counters_.built();
   }
+
+ public:
 
   void unpack_weight(void* out) const override {
     unpack(std::atomic_load(&packed_)->mem, memory(plain_md(), engine(), out),
@@ -136,19 +204,22 @@ class OnednnConv final : public ConvKernel {
   // get a private copy, so alternating shapes cannot thrash.
   static constexpr int kMaxRelayouts = 2;
 
-  std::shared_ptr<const Packed> relayout_from_plain(const void* weight,
-                                                    const memory::desc& md) const {
+  std::shared_ptr<const Packed> relayout_from_plain(const void* weight, const memory::desc& md,
+                                                    int64_t N, int64_t H, int64_t W) const {
     auto packed = std::make_shared<Packed>();
+    packed->N = N;
+    packed->H = H;
+    packed->W = W;
     packed->mem = memory(md, engine());
     reorder(memory(plain_md(), engine(), const_cast<void*>(weight)), packed->mem);
     return packed;
   }
 
   // New layout from the packed form (never from the released original).
-  std::shared_ptr<const Packed> relayout(const memory::desc& md) const {
+  std::shared_ptr<const Packed> relayout(const memory::desc& md, const ConvShape& s) const {
     std::vector<uint8_t> plain(plain_md().get_size());
     unpack_weight(plain.data());
-    return relayout_from_plain(plain.data(), md);
+    return relayout_from_plain(plain.data(), md, s.N, s.H, s.W);
   }
 
   static bool is_reference(const dnnl::convolution_forward::primitive_desc& pd) {
@@ -219,7 +290,7 @@ class OnednnConv final : public ConvKernel {
       auto best = make_pd(s.N, s.H, s.W, tag::nhwc, tag::nhwc, any);
       if (!(best.weights_desc() == packed->md())) {
         // Re-pack (copy-on-write) or, past kMaxRelayouts, keep a private copy.
-        auto moved = relayout(best.weights_desc());
+        auto moved = relayout(best.weights_desc(), s);
         if (relayouts_ < kMaxRelayouts) {
           ++relayouts_;
           std::atomic_store(&packed_, moved);
@@ -289,6 +360,10 @@ class OnednnConv final : public ConvKernel {
 
 std::unique_ptr<ConvKernel> make_conv(const ConvSpec& spec, const void* weight) {
   return std::make_unique<OnednnConv>(spec, weight);
+}
+
+std::unique_ptr<ConvKernel> load_conv(const ConvSpec& spec, const SavedForm& form) {
+  return std::make_unique<OnednnConv>(spec, form);
 }
 
 }  // namespace onednn_rt

@@ -41,28 +41,53 @@ class OnednnLinear final : public LinearKernel {
       : LinearKernel(spec),
         split_(spec.int8() && !isa_has_vnni()),
         quant_(quant_of(spec, split_)) {
-    try {
-      // Pack with a representative batch; other batch sizes reuse the layout.
-      apply_num_threads();
-      auto pd = make_pd(kPackBatch, memory::desc({spec_.K, spec_.N}, wei_dt(), tag::any));
-      packed_ = memory(pd.weights_desc(), engine());
+    init([&](const memory::desc& md) {
+      packed_ = memory(md, engine());
       reorder(plain(const_cast<void*>(weight)), packed_);
-      if (with_bias()) {
-        bias_ = memory({{1, spec_.N}, dt::f32, tag::ab}, engine(),
-                       const_cast<float*>(spec_.bias.data()));
+    });
+  }
+
+  // Saved packed bytes: used in place when they are in the layout oneDNN
+  // wants here, else decoded from the saved layout and re-packed.
+  OnednnLinear(const LinearSpec& spec, const SavedForm& form)
+      : LinearKernel(spec),
+        split_(spec.int8() && !isa_has_vnni()),
+        quant_(quant_of(spec, split_)) {
+    const BlockedLayout saved = BlockedLayout::parse(form.layout, form.what);
+    const size_t elem = spec_.weight_elem_size();
+    check(saved.ndims == 2 && saved.dims[0] == spec_.K && saved.dims[1] == spec_.N &&
+              saved.size == form.packed.size &&
+              saved.data_type == static_cast<uint32_t>(wei_dt()),
+          QPACK_STATUS_FILE_FORMAT, form.what, ": its oneDNN layout ", saved.str(),
+          " does not describe a [", spec_.K, ", ", spec_.N, "] weight of ", form.packed.size,
+          " bytes; the file is corrupt (re-freeze and save it again)");
+    init([&](const memory::desc& md) {
+      const BlockedLayout wanted = BlockedLayout::of(md, split_);
+      if (form.same_build && wanted == saved) {
+        packed_ = memory(md, engine(), const_cast<uint8_t*>(form.packed.data));
+        keep_ = form.packed.owner;
+        return;
       }
-    } catch (const dnnl::error& e) {
-      fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN could not pack the weight: ", e.what());
-    }
-    if (spec_.int8()) {
-      wei_scales_ = constant_f32(spec_.weight_scales.data(),
-                                 static_cast<int64_t>(spec_.weight_scales.size()));
-    }
-    counters_.built();
+      layout_differs(form, "saved " + saved.str() + ", oneDNN wants " + wanted.str() + " here");
+      // Decoded as [K, N] row-major, which is the matmul's B: reorder from "ab".
+      std::vector<uint8_t> kn(static_cast<size_t>(spec_.K * spec_.N) * elem);
+      decode_blocked(saved, form.packed.data, elem, kn.data());
+      packed_ = memory(md, engine());
+      reorder(memory({{spec_.K, spec_.N}, wei_dt(), tag::ab}, engine(), kn.data()), packed_);
+    });
   }
 
   void unpack_weight(void* out) const override {
     unpack(packed_, plain(out), spec_.weight_elem_size());
+  }
+
+  PackedForm packed_form() const override {
+    const auto md = packed_.get_desc();
+    BlockedLayout layout = BlockedLayout::of(md, split_);
+    layout.problem[0] = kPackBatch;
+    return PackedForm{layout.bytes(),
+                      static_cast<const uint8_t*>(packed_.get_data_handle()), md.get_size(),
+                      keep_};
   }
 
   size_t nbytes_packed() const override {
@@ -90,6 +115,28 @@ class OnednnLinear final : public LinearKernel {
 
  private:
   static constexpr int64_t kPackBatch = 64;
+
+  // The layout oneDNN wants for a representative batch (other batch sizes
+  // reuse it); place(md) fills packed_ in it. Then bias and scales.
+  template <typename Place>
+  void init(const Place& place) {
+    try {
+      apply_num_threads();
+      auto pd = make_pd(kPackBatch, memory::desc({spec_.K, spec_.N}, wei_dt(), tag::any));
+      place(pd.weights_desc());
+      if (with_bias()) {
+        bias_ = memory({{1, spec_.N}, dt::f32, tag::ab}, engine(),
+                       const_cast<float*>(spec_.bias.data()));
+      }
+    } catch (const dnnl::error& e) {
+      fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN could not pack the weight: ", e.what());
+    }
+    if (spec_.int8()) {
+      wei_scales_ = constant_f32(spec_.weight_scales.data(),
+                                 static_cast<int64_t>(spec_.weight_scales.size()));
+    }
+    counters_.built();
+  }
   static constexpr size_t kMaxPrims = 16;
 
   dt wei_dt() const { return spec_.int8() ? dt::s8 : dt::f32; }
@@ -161,6 +208,7 @@ class OnednnLinear final : public LinearKernel {
   const bool split_;  // int8 without VNNI: split input, s32 primitive, C++ epilogue
   const Quant quant_;
   memory packed_;
+  std::shared_ptr<const void> keep_;  // the model file packed_ points into, if any
   memory bias_;
   memory wei_scales_;  // over spec_.weight_scales (int8)
   PrimCache<Prim> prims_{counters_, kMaxPrims};
@@ -170,6 +218,10 @@ class OnednnLinear final : public LinearKernel {
 
 std::unique_ptr<LinearKernel> make_linear(const LinearSpec& spec, const void* weight) {
   return std::make_unique<OnednnLinear>(spec, weight);
+}
+
+std::unique_ptr<LinearKernel> load_linear(const LinearSpec& spec, const SavedForm& form) {
+  return std::make_unique<OnednnLinear>(spec, form);
 }
 
 }  // namespace onednn_rt

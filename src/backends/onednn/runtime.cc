@@ -1,5 +1,7 @@
 #include "backends/onednn/runtime.h"
 
+#include "core/bytes.h"
+
 #include <omp.h>
 
 #include <cmath>
@@ -50,8 +52,10 @@ BackendOps ops() {
   o.available = [] { return true; };
   o.describe = describe;
   o.asymmetric_weights = false;  // u8 x s8 with weight zero point 0 only
-  o.linear = {f32 | stat | dyn, make_linear};
-  o.conv2d = {f32 | stat, make_conv};
+  o.build_id = build_id;
+  o.isa = isa_name;
+  o.linear = {f32 | stat | dyn, make_linear, load_linear};
+  o.conv2d = {f32 | stat, make_conv, load_conv};
   return o;
 }
 
@@ -237,41 +241,179 @@ void unpack(const dnnl::memory& packed, const dnnl::memory& plain, size_t elem_s
                  plain.get_data_handle());
 }
 
-void decode_blocked(const dnnl::memory::desc& md, const void* data, size_t elem_size,
-                    void* out) {
+BlockedLayout BlockedLayout::of(const dnnl::memory::desc& md, bool split) {
   check(md.get_format_kind() == dnnl::memory::format_kind::blocked, QPACK_STATUS_INTERNAL,
         "packed oneDNN weight is not in a blocked layout");
+  BlockedLayout l;
+  l.data_type = static_cast<uint32_t>(md.get_data_type());
+  l.split = split ? 1 : 0;
   const auto dims = md.get_dims();
   const auto strides = md.get_strides();
   const auto blks = md.get_inner_blks();
   const auto idxs = md.get_inner_idxs();
-  const int nblks = md.get_inner_nblks();
-  const int nd = static_cast<int>(dims.size());
-  std::vector<int64_t> dim_block(nd, 1), idx(nd, 0), rem(nd);
-  for (int i = 0; i < nblks; ++i) dim_block[idxs[i]] *= blks[i];
+  l.ndims = static_cast<int32_t>(dims.size());
+  l.nblks = md.get_inner_nblks();
+  check(l.ndims <= kMaxDims && l.nblks <= kMaxDims, QPACK_STATUS_INTERNAL,
+        "packed oneDNN weight has too many dimensions or blocks");
+  for (int i = 0; i < l.ndims; ++i) {
+    l.dims[i] = dims[i];
+    l.strides[i] = strides[i];
+  }
+  for (int i = 0; i < l.nblks; ++i) {
+    l.blks[i] = blks[i];
+    l.idxs[i] = idxs[i];
+  }
+  l.size = md.get_size();
+  return l;
+}
+
+namespace {
+constexpr uint32_t kLayoutTag = 0x4C4E4E44;  // "DNNL"
+constexpr uint32_t kLayoutVersion = 1;
+
+// Calls f(offset_in_elements) for every element of the layout, row-major.
+template <typename F>
+void for_each_offset(const BlockedLayout& l, F f) {
+  const int nd = l.ndims;
+  int64_t dim_block[BlockedLayout::kMaxDims], idx[BlockedLayout::kMaxDims] = {},
+      rem[BlockedLayout::kMaxDims];
+  for (int d = 0; d < nd; ++d) dim_block[d] = 1;
+  for (int i = 0; i < l.nblks; ++i) dim_block[l.idxs[i]] *= l.blks[i];
   int64_t total = 1;
-  for (auto d : dims) total *= d;
-  const auto* base = static_cast<const uint8_t*>(data);
-  auto* dst = static_cast<uint8_t*>(out);
+  for (int d = 0; d < nd; ++d) total *= l.dims[d];
   for (int64_t linear = 0; linear < total; ++linear) {
     int64_t off = 0;
     for (int d = 0; d < nd; ++d) {
-      off += (idx[d] / dim_block[d]) * strides[d];
+      off += (idx[d] / dim_block[d]) * l.strides[d];
       rem[d] = dim_block[d];
     }
     int64_t inner = 0;
-    for (int i = 0; i < nblks; ++i) {
-      const int d = static_cast<int>(idxs[i]);
-      rem[d] /= blks[i];
-      inner = inner * blks[i] + (idx[d] / rem[d]) % blks[i];
+    for (int i = 0; i < l.nblks; ++i) {
+      const int d = static_cast<int>(l.idxs[i]);
+      rem[d] /= l.blks[i];
+      inner = inner * l.blks[i] + (idx[d] / rem[d]) % l.blks[i];
     }
-    std::memcpy(dst + linear * elem_size, base + (off + inner) * elem_size, elem_size);
+    f(linear, off + inner);
     for (int d = nd - 1; d >= 0; --d) {  // next index, row-major
-      if (++idx[d] < dims[d]) break;
+      if (++idx[d] < l.dims[d]) break;
       idx[d] = 0;
     }
   }
 }
+}  // namespace
+
+std::vector<uint8_t> BlockedLayout::bytes() const {
+  ByteWriter w;
+  w.put(kLayoutTag);
+  w.put(kLayoutVersion);
+  w.put(data_type);
+  w.put(split);
+  w.put(ndims);
+  for (int i = 0; i < ndims; ++i) w.put(dims[i]);
+  for (int i = 0; i < ndims; ++i) w.put(strides[i]);
+  w.put(nblks);
+  for (int i = 0; i < nblks; ++i) w.put(blks[i]);
+  for (int i = 0; i < nblks; ++i) w.put(idxs[i]);
+  w.put(size);
+  for (int64_t v : problem) w.put(v);
+  return w.take();
+}
+
+BlockedLayout BlockedLayout::parse(const std::vector<uint8_t>& bytes, const std::string& what) {
+  ByteReader r(bytes.data(), bytes.size(), what + "'s oneDNN layout");
+  r.expect(r.get<uint32_t>() == kLayoutTag, "tag");
+  r.expect(r.get<uint32_t>() == kLayoutVersion, "version (written by a newer qpack?)");
+  BlockedLayout l;
+  l.data_type = r.get<uint32_t>();
+  r.expect(l.data_type == static_cast<uint32_t>(dnnl::memory::data_type::f32) ||
+               l.data_type == static_cast<uint32_t>(dnnl::memory::data_type::s8),
+           "data type");
+  l.split = r.get<uint32_t>();
+  r.expect(l.split <= 1, "split flag");
+  l.ndims = r.get<int32_t>();
+  r.expect(l.ndims >= 1 && l.ndims <= kMaxDims, "number of dimensions");
+  for (int i = 0; i < l.ndims; ++i) {
+    l.dims[i] = r.get<int64_t>();
+    r.expect(l.dims[i] >= 1 && l.dims[i] <= (int64_t(1) << 31), "dimension");
+  }
+  for (int i = 0; i < l.ndims; ++i) {
+    l.strides[i] = r.get<int64_t>();
+    r.expect(l.strides[i] >= 0 && l.strides[i] <= (int64_t(1) << 40), "stride");
+  }
+  l.nblks = r.get<int32_t>();
+  r.expect(l.nblks >= 0 && l.nblks <= kMaxDims, "number of inner blocks");
+  int64_t dim_block[kMaxDims] = {1, 1, 1, 1, 1, 1};
+  for (int i = 0; i < l.nblks; ++i) {
+    l.blks[i] = r.get<int64_t>();
+    r.expect(l.blks[i] >= 1 && l.blks[i] <= 4096, "inner block");
+  }
+  for (int i = 0; i < l.nblks; ++i) {
+    l.idxs[i] = r.get<int64_t>();
+    r.expect(l.idxs[i] >= 0 && l.idxs[i] < l.ndims, "inner block index");
+    dim_block[l.idxs[i]] *= l.blks[i];
+    r.expect(dim_block[l.idxs[i]] <= 4096, "inner blocks");
+  }
+  l.size = r.get<uint64_t>();
+  for (int64_t& v : l.problem) v = r.get<int64_t>();
+  r.expect(r.remaining() == 0, "length");
+  // Every element inside the packed bytes: the largest offset is reached at
+  // the last index of each dimension (offsets grow with every index).
+  const size_t elem = l.data_type == static_cast<uint32_t>(dnnl::memory::data_type::f32) ? 4 : 1;
+  int64_t max_off = 0;
+  for (int d = 0; d < l.ndims; ++d) max_off += ((l.dims[d] - 1) / dim_block[d]) * l.strides[d];
+  int64_t inner = 1;
+  for (int i = 0; i < l.nblks; ++i) inner *= l.blks[i];
+  max_off += inner - 1;
+  r.expect(static_cast<uint64_t>(max_off + 1) * elem <= l.size, "element offsets (outside the packed bytes)");
+  return l;
+}
+
+bool BlockedLayout::operator==(const BlockedLayout& o) const {
+  if (data_type != o.data_type || split != o.split || ndims != o.ndims || nblks != o.nblks ||
+      size != o.size) {
+    return false;
+  }
+  for (int i = 0; i < ndims; ++i) {
+    if (dims[i] != o.dims[i] || strides[i] != o.strides[i]) return false;
+  }
+  for (int i = 0; i < nblks; ++i) {
+    if (blks[i] != o.blks[i] || idxs[i] != o.idxs[i]) return false;
+  }
+  return true;
+}
+
+std::string BlockedLayout::str() const {
+  std::ostringstream os;
+  os << (data_type == static_cast<uint32_t>(dnnl::memory::data_type::f32) ? "f32" : "s8") << " [";
+  for (int i = 0; i < ndims; ++i) os << (i ? "," : "") << dims[i];
+  os << "] blocks ";
+  for (int i = 0; i < nblks; ++i) os << (i ? "," : "") << blks[i] << "@" << idxs[i];
+  if (nblks == 0) os << "none";
+  os << (split ? " split" : "") << " " << size << " B";
+  return os.str();
+}
+
+void decode_blocked(const BlockedLayout& l, const void* data, size_t elem_size, void* out) {
+  const auto* base = static_cast<const uint8_t*>(data);
+  auto* dst = static_cast<uint8_t*>(out);
+  for_each_offset(l, [&](int64_t linear, int64_t off) {
+    std::memcpy(dst + linear * elem_size, base + off * elem_size, elem_size);
+  });
+}
+
+void decode_blocked(const dnnl::memory::desc& md, const void* data, size_t elem_size,
+                    void* out) {
+  decode_blocked(BlockedLayout::of(md, false), data, elem_size, out);
+}
+
+std::string build_id() {
+  const dnnl_version_t* v = dnnl_version();
+  std::ostringstream os;
+  os << "onednn " << v->major << "." << v->minor << "." << v->patch << " " << v->hash << " pack 1";
+  return os.str();
+}
+
+std::string isa_name() { return isa_name(dnnl::get_effective_cpu_isa()); }
 
 }  // namespace onednn_rt
 }  // namespace qpack

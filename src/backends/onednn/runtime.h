@@ -26,6 +26,11 @@ namespace onednn_rt {
 BackendOps ops();
 std::unique_ptr<LinearKernel> make_linear(const LinearSpec& spec, const void* weight);
 std::unique_ptr<ConvKernel> make_conv(const ConvSpec& spec, const void* weight);
+std::unique_ptr<LinearKernel> load_linear(const LinearSpec& spec, const SavedForm& form);
+std::unique_ptr<ConvKernel> load_conv(const ConvSpec& spec, const SavedForm& form);
+// The packing code's identity and the ISA it packs for (model file header).
+std::string build_id();
+std::string isa_name();
 
 const dnnl::engine& engine();
 // Stream for the calling thread (streams are not shared across threads).
@@ -96,9 +101,35 @@ void execute(const dnnl::primitive& prim, ExecArgs& args, size_t scratch_size, c
 // Reorders src into dst on the calling thread's stream.
 void reorder(const dnnl::memory& src, const dnnl::memory& dst);
 
-// Copies the values of a blocked oneDNN memory (any number of dimensions,
-// nested inner blocks, extra compensation terms ignored) into dense row-major
-// order of its logical dims. For layouts oneDNN will not reorder from.
+// A blocked layout as plain numbers: what a model file stores of a packed
+// weight's memory descriptor (docs/FORMAT.md, "oneDNN layout"), compared
+// field by field with the layout this machine's kernels want.
+struct BlockedLayout {
+  static constexpr int kMaxDims = 6;
+  uint32_t data_type = 0;
+  uint32_t split = 0;  // packed for int8 without VNNI
+  int32_t ndims = 0;
+  int64_t dims[kMaxDims] = {}, strides[kMaxDims] = {};
+  int32_t nblks = 0;
+  int64_t blks[kMaxDims] = {}, idxs[kMaxDims] = {};
+  uint64_t size = 0;
+  // The problem the layout was chosen for: a convolution's channels-last
+  // N, H, W; a linear's batch, 0, 0. Not part of the comparison.
+  int64_t problem[3] = {0, 0, 0};
+
+  static BlockedLayout of(const dnnl::memory::desc& md, bool split);
+  std::vector<uint8_t> bytes() const;
+  // Parses and checks the numbers (counts, indices, every element offset
+  // inside `size`); FILE_FORMAT naming `what` otherwise.
+  static BlockedLayout parse(const std::vector<uint8_t>& bytes, const std::string& what);
+  bool operator==(const BlockedLayout& o) const;
+  std::string str() const;  // "f32 [64, 576] blocked 16x..." in messages
+};
+// Copies the values of a blocked layout (any number of dimensions, nested
+// inner blocks, extra compensation terms ignored) into dense row-major order
+// of its logical dims. For layouts oneDNN will not reorder from, and for
+// packed weights saved by another build.
+void decode_blocked(const BlockedLayout& layout, const void* data, size_t elem_size, void* out);
 void decode_blocked(const dnnl::memory::desc& md, const void* data, size_t elem_size, void* out);
 // Reads packed weights back into `plain` (their plain layout): a reorder, or
 // decode_blocked where oneDNN will not reorder (int8 compensation terms).

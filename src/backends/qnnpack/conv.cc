@@ -46,23 +46,92 @@ uint8_t* thread_scratch(int which, size_t size) {
 class QnnpackConv final : public ConvKernel {
  public:
   QnnpackConv(const ConvSpec& spec, const void* weight)
+      : QnnpackConv(spec, gemm_nr(), gemm_kr(), pytorch_qnnp_params.q8dw9.cr) {
+    pack(static_cast<const int8_t*>(weight));
+  }
+
+  // Saved packed bytes: used in place when packed for this machine's
+  // micro-kernel blocking, else decoded with the saved one and re-packed.
+  QnnpackConv(const ConvSpec& spec, const SavedForm& form)
+      : QnnpackConv(spec, gemm_nr(), gemm_kr(), pytorch_qnnp_params.q8dw9.cr) {
+    const QLayout saved = QLayout::parse(form.layout, form.what);
+    const QLayout here = layout(saved.bias_input_scale);
+    check(saved.packed_size == form.packed.size && saved.kind == here.kind,
+          QPACK_STATUS_FILE_FORMAT, form.what, ": its QNNPACK layout ", saved.str(),
+          " does not match this convolution (", here.str(), ") or its ", form.packed.size,
+          " packed bytes; the file is corrupt (re-freeze and save it again)");
+    if (form.same_build && saved.same_blocking(here)) {
+      const float s = saved.bias_input_scale;
+      states_.publish_first(saved_buffer(form.packed), packed_size_, s,
+                            s > 0.0f ? requant(s) : std::vector<float>());
+      return;
+    }
+    layout_differs(form, "saved " + saved.str() + ", QNNPACK wants " + here.str() + " here");
+    const QnnpackConv as_saved(spec, saved.nr, saved.kr, saved.cr);
+    check(as_saved.packed_size_ == saved.packed_size, QPACK_STATUS_FILE_FORMAT, form.what,
+          ": its QNNPACK layout ", saved.str(), " does not fit this convolution; the file is corrupt");
+    std::vector<int8_t> w(static_cast<size_t>(spec_.weight_count()));
+    as_saved.decode(form.packed.data, w.data());
+    pack(w.data());
+  }
+
+  PackedForm packed_form() const override {
+    auto state = states_.latest();
+    return PackedForm{layout(state->input_scale).bytes(), state->packed.get(), packed_size_, state};
+  }
+
+  void unpack_weight(void* out) const override {
+    decode(states_.latest()->packed.get(), static_cast<int8_t*>(out));
+  }
+
+ private:
+  // The geometry of a packed layout with blocking nr x kr (gemm, conv) or cr
+  // (dwconv); no packed state yet.
+  QnnpackConv(const ConvSpec& spec, int64_t nr, int64_t kr, int64_t cr)
       : ConvKernel(spec), layout_(conv_layout(spec)), wq_(spec, spec.OC, round_up(spec.OC, 16) + 16) {
     const int64_t ks = spec_.KH * spec_.KW;
     if (layout_ == ConvLayout::dwconv) {
-      cr_ = pytorch_qnnp_params.q8dw9.cr;
+      cr_ = cr;
       c_stride_ = round_up(spec_.groups, cr_);
       packed_size_ = static_cast<size_t>((ks + 4) * c_stride_);
     } else {
-      nr_ = gemm_nr();
-      kr_ = gemm_kr();
+      nr_ = nr;
+      kr_ = kr;
       n_stride_ = round_up(spec_.ocg(), nr_);
       k_stride_ = round_up(spec_.icg(), kr_);
       group_bytes_ = static_cast<size_t>((ks * k_stride_ + 4) * n_stride_);
       packed_size_ = group_bytes_ * static_cast<size_t>(spec_.groups);
     }
+  }
 
+  QLayout layout(float bias_input_scale) const {
+    QLayout l;
+    l.kind = layout_ == ConvLayout::dwconv ? QLayout::dwconv
+             : layout_ == ConvLayout::gemm ? QLayout::gemm
+                                           : QLayout::conv;
+    l.nr = static_cast<uint32_t>(nr_);
+    l.kr = static_cast<uint32_t>(kr_);
+    l.cr = static_cast<uint32_t>(cr_);
+    l.packed_size = packed_size_;
+    l.bias_input_scale = bias_input_scale;
+    return l;
+  }
+
+  // Weights [OC, IC/g, KH, KW] (int8) of bytes packed in this geometry.
+  void decode(const uint8_t* base, int8_t* w) const {
+    const int64_t ks = spec_.KH * spec_.KW, icg = spec_.icg();
+    for (int64_t o = 0; o < spec_.OC; ++o) {
+      for (int64_t c = 0; c < icg; ++c) {
+        for (int64_t k = 0; k < ks; ++k) {
+          w[(o * icg + c) * ks + k] = from_qnnpack_u8(base[weight_offset(o, c, k / spec_.KW, k % spec_.KW)]);
+        }
+      }
+    }
+  }
+
+  void pack(const int8_t* w) {
+    const int64_t ks = spec_.KH * spec_.KW;
     // QNNPACK wants uint8 weights (int8 + 128) in [OC, KH, KW, IC/g].
-    const int8_t* w = static_cast<const int8_t*>(weight);
     const int64_t icg = spec_.icg();
     std::vector<uint8_t> nhwc(static_cast<size_t>(spec_.weight_count()));
     for (int64_t o = 0; o < spec_.OC; ++o) {
@@ -78,20 +147,7 @@ class QnnpackConv final : public ConvKernel {
                           input_scale > 0.0f ? requant(input_scale) : std::vector<float>());
   }
 
-  void unpack_weight(void* out) const override {
-    auto state = states_.latest();
-    const uint8_t* base = state->packed.get();
-    int8_t* w = static_cast<int8_t*>(out);
-    const int64_t ks = spec_.KH * spec_.KW, icg = spec_.icg();
-    for (int64_t o = 0; o < spec_.OC; ++o) {
-      for (int64_t c = 0; c < icg; ++c) {
-        for (int64_t k = 0; k < ks; ++k) {
-          w[(o * icg + c) * ks + k] = from_qnnpack_u8(base[weight_offset(o, c, k / spec_.KW, k % spec_.KW)]);
-        }
-      }
-    }
-  }
-
+ public:
   size_t nbytes_packed() const override {
     return states_.nbytes() + wq_.nbytes() + spec_.bias.size() * sizeof(float);
   }
@@ -207,16 +263,27 @@ class QnnpackConv final : public ConvKernel {
   BiasStates states_{counters_};
 };
 
-}  // namespace
 
-std::unique_ptr<ConvKernel> make_conv(const ConvSpec& spec, const void* weight) {
+void check_padding(const ConvSpec& spec) {
   check((spec.pad_t == spec.pad_b || spec.stride_h == 1) &&
             (spec.pad_l == spec.pad_r || spec.stride_w == 1),
         QPACK_STATUS_UNSUPPORTED,
         "QNNPACK needs symmetric padding, or stride 1 where the padding is asymmetric; "
         "use backend='onednn'");
+}
+
+}  // namespace
+
+std::unique_ptr<ConvKernel> make_conv(const ConvSpec& spec, const void* weight) {
+  check_padding(spec);
   ensure_initialized();
   return std::make_unique<QnnpackConv>(spec, weight);
+}
+
+std::unique_ptr<ConvKernel> load_conv(const ConvSpec& spec, const SavedForm& form) {
+  check_padding(spec);
+  ensure_initialized();
+  return std::make_unique<QnnpackConv>(spec, form);
 }
 
 }  // namespace qnnpack_rt

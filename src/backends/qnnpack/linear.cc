@@ -30,15 +30,77 @@ namespace {
 
 class QnnpackLinear final : public LinearKernel {
  public:
-  QnnpackLinear(const LinearSpec& spec, const void* weight)
+  QnnpackLinear(const LinearSpec& spec, const void* weight) : QnnpackLinear(spec, nullptr, Loading{}) {
+    pack(static_cast<const int8_t*>(weight));
+  }
+
+  // Saved packed bytes: used in place when packed for this machine's
+  // micro-kernel blocking, else decoded with the saved one and re-packed.
+  QnnpackLinear(const LinearSpec& spec, const SavedForm& form)
+      : QnnpackLinear(spec, nullptr, Loading{}) {
+    const QLayout saved = QLayout::parse(form.layout, form.what);
+    const QLayout here = layout(saved.bias_input_scale);
+    check(saved.packed_size == form.packed.size && saved.kind == QLayout::linear,
+          QPACK_STATUS_FILE_FORMAT, form.what, ": its QNNPACK layout ", saved.str(),
+          " does not match its ", form.packed.size, " packed bytes; the file is corrupt "
+          "(re-freeze and save it again)");
+    if (form.same_build && saved.same_blocking(here)) {
+      const float s = spec_.static_int8() ? saved.bias_input_scale : 0.0f;
+      states_.publish_first(saved_buffer(form.packed), packed_size_, s,
+                            s > 0.0f ? requant(s) : std::vector<float>());
+      return;
+    }
+    layout_differs(form, "saved " + saved.str() + ", QNNPACK wants " + here.str() + " here");
+    const int64_t n_stride = (spec_.N + saved.nr - 1) / saved.nr * saved.nr;
+    const int64_t k_stride = (spec_.K + saved.kr - 1) / saved.kr * saved.kr;
+    check(static_cast<uint64_t>(n_stride) * (k_stride + sizeof(int32_t)) == saved.packed_size,
+          QPACK_STATUS_FILE_FORMAT, form.what, ": its QNNPACK layout ", saved.str(),
+          " does not fit a [", spec_.N, ", ", spec_.K, "] weight; the file is corrupt");
+    std::vector<int8_t> w(static_cast<size_t>(spec_.N * spec_.K));
+    decode(form.packed.data, saved.nr, saved.kr, w.data());
+    pack(w.data());
+  }
+
+  PackedForm packed_form() const override {
+    auto state = states_.latest();
+    return PackedForm{layout(state->input_scale).bytes(), state->packed.get(), packed_size_, state};
+  }
+
+ private:
+  struct Loading {};
+  QnnpackLinear(const LinearSpec& spec, const void*, Loading)
       : LinearKernel(spec),
         nr_(gemm_nr()),
         kr_(gemm_kr()),
         n_stride_((spec.N + nr_ - 1) / nr_ * nr_),
         k_stride_((spec.K + kr_ - 1) / kr_ * kr_),
         packed_size_(static_cast<size_t>(n_stride_) * (k_stride_ + sizeof(int32_t))),
-        wq_(spec, spec.N, n_stride_ + 8) {
-    const int8_t* w = static_cast<const int8_t*>(weight);
+        wq_(spec, spec.N, n_stride_ + 8) {}
+
+  QLayout layout(float bias_input_scale) const {
+    QLayout l;
+    l.kind = QLayout::linear;
+    l.nr = nr_;
+    l.kr = kr_;
+    l.packed_size = packed_size_;
+    l.bias_input_scale = bias_input_scale;
+    return l;
+  }
+
+  // Weights [N, K] (int8) of bytes packed with blocking nr x kr.
+  void decode(const uint8_t* base, int64_t nr, int64_t kr, int8_t* w) const {
+    const int64_t k_stride = (spec_.K + kr - 1) / kr * kr;
+    const size_t block_bytes = static_cast<size_t>(nr) * (sizeof(int32_t) + k_stride);
+    for (int64_t n = 0; n < spec_.N; ++n) {
+      const uint8_t* block = base + static_cast<size_t>(n / nr) * block_bytes +
+                             nr * sizeof(int32_t) + static_cast<size_t>(n % nr) * kr;
+      for (int64_t k = 0; k < spec_.K; ++k) {
+        w[n * spec_.K + k] = from_qnnpack_u8(block[static_cast<size_t>(k / kr) * nr * kr + k % kr]);
+      }
+    }
+  }
+
+  void pack(const int8_t* w) {
     std::vector<uint8_t> shifted(static_cast<size_t>(spec_.N * spec_.K));
     std::transform(w, w + shifted.size(), shifted.begin(), to_qnnpack_u8);
     std::vector<int32_t> qbias;
@@ -56,18 +118,10 @@ class QnnpackLinear final : public LinearKernel {
                           input_scale > 0.0f ? requant(input_scale) : std::vector<float>());
   }
 
+
+ public:
   void unpack_weight(void* out) const override {
-    auto state = states_.latest();
-    const uint8_t* base = state->packed.get();
-    int8_t* w = static_cast<int8_t*>(out);
-    const size_t block_bytes = static_cast<size_t>(nr_) * (sizeof(int32_t) + k_stride_);
-    for (int64_t n = 0; n < spec_.N; ++n) {
-      const uint8_t* block = base + static_cast<size_t>(n / nr_) * block_bytes +
-                             nr_ * sizeof(int32_t) + static_cast<size_t>(n % nr_) * kr_;
-      for (int64_t k = 0; k < spec_.K; ++k) {
-        w[n * spec_.K + k] = from_qnnpack_u8(block[static_cast<size_t>(k / kr_) * nr_ * kr_ + k % kr_]);
-      }
-    }
+    decode(states_.latest()->packed.get(), nr_, kr_, static_cast<int8_t*>(out));
   }
 
   size_t nbytes_packed() const override {
@@ -152,6 +206,11 @@ class QnnpackLinear final : public LinearKernel {
 std::unique_ptr<LinearKernel> make_linear(const LinearSpec& spec, const void* weight) {
   ensure_initialized();
   return std::make_unique<QnnpackLinear>(spec, weight);
+}
+
+std::unique_ptr<LinearKernel> load_linear(const LinearSpec& spec, const SavedForm& form) {
+  ensure_initialized();
+  return std::make_unique<QnnpackLinear>(spec, form);
 }
 
 }  // namespace qnnpack_rt

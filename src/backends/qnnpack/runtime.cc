@@ -1,5 +1,10 @@
 #include "backends/qnnpack/runtime.h"
 
+#include <cmath>
+#include <sstream>
+
+#include "core/bytes.h"
+
 #include <pthread.h>
 #include <pytorch_qnnpack.h>
 #include <qnnpack/params.h>
@@ -89,14 +94,76 @@ WeightQuant::WeightQuant(const OpSpec& spec, int64_t channels, int64_t padded)
   }
 }
 
+namespace {
+constexpr uint32_t kLayoutTag = 0x504E4E51;  // "QNNP"
+constexpr uint32_t kLayoutVersion = 1;
+}  // namespace
+
+std::vector<uint8_t> QLayout::bytes() const {
+  ByteWriter w;
+  w.put(kLayoutTag);
+  w.put(kLayoutVersion);
+  w.put(kind);
+  w.put(nr);
+  w.put(kr);
+  w.put(cr);
+  w.put(packed_size);
+  w.put(bias_input_scale);
+  return w.take();
+}
+
+QLayout QLayout::parse(const std::vector<uint8_t>& bytes, const std::string& what) {
+  ByteReader r(bytes.data(), bytes.size(), what + "'s QNNPACK layout");
+  r.expect(r.get<uint32_t>() == kLayoutTag, "tag");
+  r.expect(r.get<uint32_t>() == kLayoutVersion, "version (written by a newer qpack?)");
+  QLayout l;
+  l.kind = r.get<uint32_t>();
+  r.expect(l.kind <= conv, "kind");
+  l.nr = r.get<uint32_t>();
+  l.kr = r.get<uint32_t>();
+  l.cr = r.get<uint32_t>();
+  r.expect(l.nr <= 64 && l.kr <= 64 && l.cr <= 64, "micro-kernel blocking");
+  r.expect(l.kind == dwconv ? l.cr >= 1 : (l.nr >= 1 && l.kr >= 1), "micro-kernel blocking");
+  l.packed_size = r.get<uint64_t>();
+  l.bias_input_scale = r.get<float>();
+  r.expect(std::isfinite(l.bias_input_scale) && l.bias_input_scale >= 0.0f, "bias input scale");
+  r.expect(r.remaining() == 0, "length");
+  return l;
+}
+
+bool QLayout::same_blocking(const QLayout& o) const {
+  return kind == o.kind && nr == o.nr && kr == o.kr && cr == o.cr && packed_size == o.packed_size;
+}
+
+std::string QLayout::str() const {
+  static const char* names[] = {"linear", "dwconv", "gemm", "conv"};
+  std::ostringstream os;
+  os << names[kind] << " nr=" << nr << " kr=" << kr << " cr=" << cr << " " << packed_size << " B";
+  return os.str();
+}
+
+std::string build_id() { return "qnnpack pytorch-1.13.1 pack 1"; }
+
+std::string isa_name() {
+#if defined(__aarch64__)
+  return "aarch64-neon";
+#elif defined(__arm__)
+  return "arm-neon";
+#else
+  return "x86_64-sse2";
+#endif
+}
+
 BackendOps ops() {
   constexpr unsigned stat = 1u << QPACK_MODE_INT8_STATIC, dyn = 1u << QPACK_MODE_INT8_DYNAMIC;
   BackendOps o;
   o.available = available;
   o.describe = describe;
   o.asymmetric_weights = true;  // per-channel uint8 kernel zero points
-  o.linear = {stat | dyn, make_linear};
-  o.conv2d = {stat, make_conv};
+  o.build_id = build_id;
+  o.isa = isa_name;
+  o.linear = {stat | dyn, make_linear, load_linear};
+  o.conv2d = {stat, make_conv, load_conv};
   return o;
 }
 

@@ -14,6 +14,7 @@
 #include "core/conv.h"
 #include "core/linear.h"
 #include "core/op.h"
+#include "core/op.h"
 #include "core/registry.h"
 
 namespace qpack {
@@ -23,6 +24,11 @@ namespace qnnpack_rt {
 BackendOps ops();
 std::unique_ptr<LinearKernel> make_linear(const LinearSpec& spec, const void* weight);
 std::unique_ptr<ConvKernel> make_conv(const ConvSpec& spec, const void* weight);
+std::unique_ptr<LinearKernel> load_linear(const LinearSpec& spec, const SavedForm& form);
+std::unique_ptr<ConvKernel> load_conv(const ConvSpec& spec, const SavedForm& form);
+// The packing code's identity and the ISA it packs for (model file header).
+std::string build_id();
+std::string isa_name();
 
 // Initialises QNNPACK once; throws qpack::Error(UNSUPPORTED) if it cannot run here.
 void ensure_initialized();
@@ -44,6 +50,21 @@ struct WeightQuant {
   std::vector<uint8_t> zero_points;
   std::vector<float> scales;
   size_t nbytes() const { return zero_points.size() + scales.size() * sizeof(float); }
+};
+
+// A packed layout as a model file stores it (docs/FORMAT.md, "QNNPACK layout").
+struct QLayout {
+  enum Kind : uint32_t { linear = 0, dwconv = 1, gemm = 2, conv = 3 };
+  uint32_t kind = linear, nr = 0, kr = 0, cr = 0;
+  uint64_t packed_size = 0;
+  float bias_input_scale = 0;  // the input scale of the int32 bias slots (0: not filled)
+
+  std::vector<uint8_t> bytes() const;
+  // Parses and range-checks the numbers; FILE_FORMAT naming `what` otherwise.
+  static QLayout parse(const std::vector<uint8_t>& bytes, const std::string& what);
+  // Same kind, blocking and size (the bias input scale may differ).
+  bool same_blocking(const QLayout& o) const;
+  std::string str() const;
 };
 
 // int8 -> uint8 (+128), the weight convention of QNNPACK's kernels.

@@ -27,13 +27,20 @@ namespace qnnpack_rt {
 struct FreeDeleter {
   void operator()(uint8_t* p) const { std::free(p); }
 };
-using Buffer = std::unique_ptr<uint8_t, FreeDeleter>;
+// Packed bytes: a heap buffer of qpack's, or bytes of a mapped model file
+// (never written: a new input scale copies them first).
+using Buffer = std::shared_ptr<uint8_t>;
 
 inline Buffer allocate_packed(size_t size) {
   void* p = nullptr;
   check(posix_memalign(&p, 64, size) == 0 && p != nullptr, QPACK_STATUS_OUT_OF_MEMORY,
         "could not allocate ", size, " bytes for QNNPACK packed weights");
-  return Buffer(static_cast<uint8_t*>(p));
+  return Buffer(static_cast<uint8_t*>(p), FreeDeleter());
+}
+
+// The bytes of a saved blob, kept alive by the blob's owner.
+inline Buffer saved_buffer(const Blob& blob) {
+  return Buffer(blob.owner, const_cast<uint8_t*>(blob.data));
 }
 
 // Per-channel weight_scale * input_scale / output_scale, padded like the weight
@@ -69,10 +76,16 @@ class BiasStates {
                      std::vector<float> requant_scales) {
     check(packed_by_qnnpack != nullptr, QPACK_STATUS_OUT_OF_MEMORY, "QNNPACK could not allocate ",
           packed_size, " bytes for packed weights");
+    Buffer packed = allocate_packed(packed_size);
+    std::memcpy(packed.get(), packed_by_qnnpack, packed_size);
+    publish_first(std::move(packed), packed_size, input_scale, std::move(requant_scales));
+  }
+  // The first state over packed bytes as they are (a saved blob).
+  void publish_first(Buffer packed, size_t packed_size, float input_scale,
+                     std::vector<float> requant_scales) {
     auto state = std::make_shared<BiasState>();
     state->input_scale = input_scale;
-    state->packed = allocate_packed(packed_size);
-    std::memcpy(state->packed.get(), packed_by_qnnpack, packed_size);
+    state->packed = std::move(packed);
     state->requant_scales = std::move(requant_scales);
     std::lock_guard<std::mutex> lock(mutex_);
     packed_size_ = packed_size;

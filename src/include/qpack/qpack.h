@@ -52,6 +52,9 @@ typedef enum qpack_status {
    * reconstructs it from the packed form). */
   QPACK_STATUS_BACKEND_ERROR = 7,    /* oneDNN or QNNPACK failed */
   QPACK_STATUS_INTERNAL = 8,
+  QPACK_STATUS_FILE_FORMAT = 9,      /* a model file is corrupt, truncated, or packed for
+                                        another build or CPU (see qpack_model_load) */
+  QPACK_STATUS_IO = 10,              /* a file could not be opened, read or written */
 } qpack_status;
 
 typedef enum qpack_backend {
@@ -473,6 +476,95 @@ QPACK_API qpack_status qpack_graph_run(const qpack_graph* graph, int32_t num_inp
                                        qpack_tensor* outputs);
 /* Works on a closed graph too (closed = 1, every other field 0). */
 QPACK_API qpack_status qpack_graph_get_info(const qpack_graph* graph, qpack_graph_info* info_out);
+
+/* ---- packed model files (.qpk) -------------------------------------- */
+/*
+ * A file of packed ops (qpack_linear, qpack_conv2d), frozen graphs over them
+ * and an opaque host section (docs/FORMAT.md gives every byte). Saving
+ * writes a temporary file in the same folder and renames it over `path`, so
+ * a process that mapped the old file keeps reading the old bytes.
+ *
+ * Loading maps the file read-only (shared page cache across processes) and
+ * uses each op's packed bytes in place when they are in the layout this
+ * machine's kernels want; otherwise the weight is decoded from the packed
+ * bytes and re-packed (qpack_model_info.num_repacked; qpack_model_repacked
+ * says why), or, with `strict`, the load fails. A corrupt, truncated or
+ * foreign file fails with QPACK_STATUS_FILE_FORMAT and a message naming what
+ * failed; every offset and size is checked before it is read.
+ *
+ * Ops are numbered by their order in the file: those given to save first
+ * (linears, then convs), then the ops of the graphs not among them.
+ */
+
+typedef struct qpack_model qpack_model;
+
+typedef struct qpack_save_params {
+  int32_t num_linears;
+  const qpack_linear* const* linears;
+  int32_t num_convs;
+  const qpack_conv2d* const* convs;
+  int32_t num_graphs;
+  const qpack_graph* const* graphs;
+  const void* host_data;   /* opaque bytes for the embedding language; NULL for none */
+  size_t host_size;
+  int with_originals;      /* also store the original weights of ops that hold them */
+} qpack_save_params;
+
+typedef struct qpack_load_options {
+  int map;     /* 1: mmap the file (default); 0: read it into memory */
+  int verify;  /* 1: check every section's checksum (default) */
+  int strict;  /* 1: fail instead of re-packing an op packed for another layout */
+} qpack_load_options;
+
+typedef enum qpack_op_kind {
+  QPACK_OP_LINEAR = 0,
+  QPACK_OP_CONV2D = 1,
+} qpack_op_kind;
+
+typedef struct qpack_model_info {
+  int32_t num_ops, num_graphs;
+  int32_t num_repacked;      /* ops re-packed because their layout differed */
+  int mapped;                /* the packed bytes live in a mapping of the file */
+  size_t file_size;
+  size_t nbytes_in_place;    /* packed bytes used from the file as they are */
+  size_t host_size;
+} qpack_model_info;
+
+/* Defaults: map = 1, verify = 1, strict = 0. */
+QPACK_API void qpack_load_options_init(qpack_load_options* options);
+QPACK_API qpack_status qpack_model_save(const qpack_save_params* params, const char* path);
+/* options may be NULL (defaults). */
+QPACK_API qpack_status qpack_model_load(const char* path, const qpack_load_options* options,
+                                        qpack_model** model_out);
+/* The loaded ops and graphs live on while any handle to them does. */
+QPACK_API void qpack_model_destroy(qpack_model* model);
+QPACK_API qpack_status qpack_model_get_info(const qpack_model* model, qpack_model_info* info_out);
+QPACK_API qpack_status qpack_model_op_kind(const qpack_model* model, int32_t index,
+                                           qpack_op_kind* kind_out);
+/* New handles over op `index` / graph `index` (destroy each when done). */
+QPACK_API qpack_status qpack_model_linear(const qpack_model* model, int32_t index,
+                                          qpack_linear** linear_out);
+QPACK_API qpack_status qpack_model_conv2d(const qpack_model* model, int32_t index,
+                                          qpack_conv2d** conv_out);
+QPACK_API qpack_status qpack_model_graph(const qpack_model* model, int32_t index,
+                                         qpack_graph** graph_out);
+/* The host section's bytes (valid while the model lives); NULL and 0 when none. */
+QPACK_API qpack_status qpack_model_host(const qpack_model* model, const void** data_out,
+                                        size_t* size_out);
+/* Why the index-th re-packed op was re-packed (NUL-terminated into buf). */
+QPACK_API qpack_status qpack_model_repacked(const qpack_model* model, int32_t index, char* buf,
+                                            size_t size);
+
+/* One object per file: save it alone, or load a file's only op / first graph. */
+QPACK_API qpack_status qpack_linear_save(const qpack_linear* linear, const char* path);
+QPACK_API qpack_status qpack_conv2d_save(const qpack_conv2d* conv, const char* path);
+QPACK_API qpack_status qpack_graph_save(const qpack_graph* graph, const char* path);
+QPACK_API qpack_status qpack_linear_load(const char* path, const qpack_load_options* options,
+                                         qpack_linear** linear_out);
+QPACK_API qpack_status qpack_conv2d_load(const char* path, const qpack_load_options* options,
+                                         qpack_conv2d** conv_out);
+QPACK_API qpack_status qpack_graph_load(const char* path, const qpack_load_options* options,
+                                        qpack_graph** graph_out);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -1,0 +1,100 @@
+# Packed model files: save handles to a .qpk file, load one (included by _core.pyx).
+from libc.stdlib cimport calloc, free
+
+
+def save_model(str path, linears, convs, graphs, bytes host, bint with_originals):
+    """Writes a .qpk file of LinearHandles, Conv2dHandles, GraphHandles and host bytes."""
+    cdef qpack_save_params p
+    cdef int nl = len(linears), nc = len(convs), ng = len(graphs)
+    cdef const qpack_linear** ls = <const qpack_linear**>calloc(max(nl, 1), sizeof(void*))
+    cdef const qpack_conv2d** cs = <const qpack_conv2d**>calloc(max(nc, 1), sizeof(void*))
+    cdef const qpack_graph** gs = <const qpack_graph**>calloc(max(ng, 1), sizeof(void*))
+    cdef bytes cpath = path.encode()
+    cdef const char* cp = cpath
+    cdef const unsigned char* hp = host
+    cdef qpack_status st
+    if ls == NULL or cs == NULL or gs == NULL:
+        free(ls); free(cs); free(gs)
+        raise MemoryError()
+    try:
+        for i in range(nl):
+            ls[i] = (<LinearHandle?>linears[i])._h
+        for i in range(nc):
+            cs[i] = (<Conv2dHandle?>convs[i])._h
+        for i in range(ng):
+            gs[i] = (<GraphHandle?>graphs[i])._h
+        p.num_linears, p.linears = nl, ls
+        p.num_convs, p.convs = nc, cs
+        p.num_graphs, p.graphs = ng, gs
+        p.host_data = hp
+        p.host_size = len(host)
+        p.with_originals = with_originals
+        with nogil:
+            st = qpack_model_save(&p, cp)
+        check_status(st)
+    finally:
+        free(ls); free(cs); free(gs)
+
+
+cdef class ModelHandle:
+    """A loaded .qpk file: its ops as handles, its host bytes, what was re-packed."""
+    cdef qpack_model* _m
+    cdef readonly dict info
+    cdef readonly list repacked
+
+    def __cinit__(self, str path, bint mmap=True, bint verify=True, bint strict=False):
+        self._m = NULL
+        cdef qpack_load_options o
+        qpack_load_options_init(&o)
+        o.map, o.verify, o.strict = mmap, verify, strict
+        cdef bytes cpath = path.encode()
+        cdef const char* cp = cpath
+        cdef qpack_model* m = NULL
+        cdef qpack_status st
+        with nogil:
+            st = qpack_model_load(cp, &o, &m)
+        check_status(st)
+        self._m = m
+        cdef qpack_model_info i
+        check_status(qpack_model_get_info(m, &i))
+        self.info = {"num_ops": i.num_ops, "num_graphs": i.num_graphs,
+                     "num_repacked": i.num_repacked, "mapped": bool(i.mapped),
+                     "file_size": i.file_size, "nbytes_in_place": i.nbytes_in_place,
+                     "host_size": i.host_size}
+        cdef char buf[1024]
+        self.repacked = []
+        for k in range(i.num_repacked):
+            check_status(qpack_model_repacked(m, k, buf, sizeof(buf)))
+            self.repacked.append(buf.decode("utf-8", "replace"))
+
+    def __dealloc__(self):
+        if self._m != NULL:
+            qpack_model_destroy(self._m)
+            self._m = NULL
+
+    def ops(self):
+        """Every op of the file, in file order, as a new LinearHandle or Conv2dHandle."""
+        cdef qpack_op_kind kind
+        cdef qpack_linear* lh
+        cdef qpack_conv2d* ch
+        out = []
+        for k in range(self.info["num_ops"]):
+            check_status(qpack_model_op_kind(self._m, k, &kind))
+            if kind == QPACK_OP_LINEAR:
+                lh = NULL
+                check_status(qpack_model_linear(self._m, k, &lh))
+                out.append(_adopt_linear(lh))
+            else:
+                ch = NULL
+                check_status(qpack_model_conv2d(self._m, k, &ch))
+                out.append(_adopt_conv2d(ch))
+        return out
+
+    def host(self):
+        """A copy of the host section's bytes (b"" when there is none)."""
+        cdef const void* data = NULL
+        cdef size_t size = 0
+        check_status(qpack_model_host(self._m, &data, &size))
+        if size == 0:
+            return b""
+        return (<const char*>data)[:size]
