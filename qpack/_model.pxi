@@ -1,11 +1,17 @@
 # Packed model files: save handles to a .qpk file, load one (included by _core.pyx).
+from libc.stdint cimport uint64_t
 from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy
 
 
-def save_model(str path, linears, convs, graphs, bytes host, bint with_originals):
-    """Writes a .qpk file of LinearHandles, Conv2dHandles, GraphHandles and host bytes."""
+def save_model(str path, linears, convs, graphs, bytes host, data, bint with_originals):
+    """Writes a .qpk file of LinearHandles, Conv2dHandles, GraphHandles, host
+    bytes and data blobs (C-contiguous numpy uint8 arrays)."""
     cdef qpack_save_params p
-    cdef int nl = len(linears), nc = len(convs), ng = len(graphs)
+    cdef int nl = len(linears), nc = len(convs), ng = len(graphs), nd = len(data)
+    cdef const void** ds = <const void**>calloc(max(nd, 1), sizeof(void*))
+    cdef size_t* dsz = <size_t*>calloc(max(nd, 1), sizeof(size_t))
+    cdef const uint8_t[::1] dv
     cdef const qpack_linear** ls = <const qpack_linear**>calloc(max(nl, 1), sizeof(void*))
     cdef const qpack_conv2d** cs = <const qpack_conv2d**>calloc(max(nc, 1), sizeof(void*))
     cdef const qpack_graph** gs = <const qpack_graph**>calloc(max(ng, 1), sizeof(void*))
@@ -13,10 +19,14 @@ def save_model(str path, linears, convs, graphs, bytes host, bint with_originals
     cdef const char* cp = cpath
     cdef const unsigned char* hp = host
     cdef qpack_status st
-    if ls == NULL or cs == NULL or gs == NULL:
-        free(ls); free(cs); free(gs)
+    if ls == NULL or cs == NULL or gs == NULL or ds == NULL or dsz == NULL:
+        free(ls); free(cs); free(gs); free(ds); free(dsz)
         raise MemoryError()
     try:
+        for i in range(nd):
+            dv = data[i]
+            dsz[i] = dv.shape[0]
+            ds[i] = &dv[0] if dv.shape[0] > 0 else NULL
         for i in range(nl):
             ls[i] = (<LinearHandle?>linears[i])._h
         for i in range(nc):
@@ -29,11 +39,12 @@ def save_model(str path, linears, convs, graphs, bytes host, bint with_originals
         p.host_data = hp
         p.host_size = len(host)
         p.with_originals = with_originals
+        p.num_data, p.data, p.data_sizes = nd, ds, dsz
         with nogil:
             st = qpack_model_save(&p, cp)
         check_status(st)
     finally:
-        free(ls); free(cs); free(gs)
+        free(ls); free(cs); free(gs); free(ds); free(dsz)
 
 
 cdef class ModelHandle:
@@ -42,7 +53,7 @@ cdef class ModelHandle:
     cdef readonly dict info
     cdef readonly list repacked
 
-    def __cinit__(self, str path, bint mmap=True, bint verify=True, bint strict=False):
+    def __cinit__(self, str path, int fd=-1, bint mmap=True, bint verify=True, bint strict=False):
         self._m = NULL
         cdef qpack_load_options o
         qpack_load_options_init(&o)
@@ -52,7 +63,10 @@ cdef class ModelHandle:
         cdef qpack_model* m = NULL
         cdef qpack_status st
         with nogil:
-            st = qpack_model_load(cp, &o, &m)
+            if fd >= 0:
+                st = qpack_model_load_fd(fd, cp, &o, &m)
+            else:
+                st = qpack_model_load(cp, &o, &m)
         check_status(st)
         self._m = m
         cdef qpack_model_info i
@@ -60,7 +74,7 @@ cdef class ModelHandle:
         self.info = {"num_ops": i.num_ops, "num_graphs": i.num_graphs,
                      "num_repacked": i.num_repacked, "mapped": bool(i.mapped),
                      "file_size": i.file_size, "nbytes_in_place": i.nbytes_in_place,
-                     "host_size": i.host_size}
+                     "host_size": i.host_size, "num_data": i.num_data}
         cdef char buf[1024]
         self.repacked = []
         for k in range(i.num_repacked):
@@ -88,6 +102,26 @@ cdef class ModelHandle:
                 ch = NULL
                 check_status(qpack_model_conv2d(self._m, k, &ch))
                 out.append(_adopt_conv2d(ch))
+        return out
+
+    def data_location(self, int index):
+        """(offset in the file, size) of DATA section `index`."""
+        cdef const void* data = NULL
+        cdef size_t size = 0
+        cdef uint64_t offset = 0
+        check_status(qpack_model_data(self._m, index, &data, &size, &offset))
+        return int(offset), int(size)
+
+    def data_bytes(self, int index):
+        """A writable copy of DATA section `index`."""
+        cdef const void* data = NULL
+        cdef size_t size = 0
+        cdef uint64_t offset = 0
+        check_status(qpack_model_data(self._m, index, &data, &size, &offset))
+        out = bytearray(size)
+        cdef unsigned char[::1] v = out
+        if size > 0:
+            memcpy(&v[0], data, size)
         return out
 
     def host(self):

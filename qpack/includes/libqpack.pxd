@@ -291,6 +291,9 @@ cdef extern from "qpack/qpack.h" nogil:
         const void* host_data
         size_t host_size
         int with_originals
+        int32_t num_data
+        const void* const* data
+        const size_t* data_sizes
 
     ctypedef struct qpack_load_options:
         int map
@@ -308,11 +311,16 @@ cdef extern from "qpack/qpack.h" nogil:
         size_t file_size
         size_t nbytes_in_place
         size_t host_size
+        int32_t num_data
 
     void qpack_load_options_init(qpack_load_options* options)
     qpack_status qpack_model_save(const qpack_save_params* params, const char* path)
     qpack_status qpack_model_load(const char* path, const qpack_load_options* options,
                                   qpack_model** model_out)
+    qpack_status qpack_model_load_fd(int fd, const char* name, const qpack_load_options* options,
+                                     qpack_model** model_out)
+    qpack_status qpack_model_data(const qpack_model* model, int32_t index, const void** data_out,
+                                  size_t* size_out, uint64_t* offset_out)
     void qpack_model_destroy(qpack_model* model)
     qpack_status qpack_model_get_info(const qpack_model* model, qpack_model_info* info_out)
     qpack_status qpack_model_op_kind(const qpack_model* model, int32_t index, qpack_op_kind* kind_out)

@@ -89,12 +89,20 @@ qpack_status qpack_model_save(const qpack_save_params* params, const char* path)
     counted(s.num_graphs, s.graphs, "graphs");
     qpack::check(s.host_size == 0 || s.host_data != nullptr, QPACK_STATUS_INVALID_ARGUMENT,
                  "host_data is NULL");
+    counted(s.num_data, s.data, "data");
+    qpack::check(s.num_data == 0 || s.data_sizes != nullptr, QPACK_STATUS_INVALID_ARGUMENT,
+                 "data_sizes is NULL");
+    std::vector<qpack::Blob> data;
+    for (int32_t i = 0; i < s.num_data; ++i) {
+      data.push_back(qpack::Blob{nullptr, static_cast<const uint8_t*>(s.data[i]), s.data_sizes[i]});
+    }
     std::vector<qpack::ModelOp> ops;
     for (int32_t i = 0; i < s.num_linears; ++i) ops.push_back({api::live(s.linears[i], "linear"), nullptr});
     for (int32_t i = 0; i < s.num_convs; ++i) ops.push_back({nullptr, api::live(s.convs[i], "convolution")});
     std::vector<std::shared_ptr<const qpack::Graph>> graphs;
     for (int32_t i = 0; i < s.num_graphs; ++i) graphs.push_back(api::live(s.graphs[i], "graph"));
-    qpack::save_model(p, std::move(ops), graphs, s.host_data, s.host_size, s.with_originals != 0);
+    qpack::save_model(p, std::move(ops), graphs, s.host_data, s.host_size, data,
+                      s.with_originals != 0);
   });
 }
 
@@ -108,7 +116,33 @@ qpack_status qpack_model_load(const char* path, const qpack_load_options* option
   });
 }
 
+qpack_status qpack_model_load_fd(int fd, const char* name, const qpack_load_options* options,
+                                 qpack_model** model_out) {
+  return api::guarded([&] {
+    qpack::check(model_out != nullptr, QPACK_STATUS_INVALID_ARGUMENT, "model_out is NULL");
+    *model_out = nullptr;
+    qpack::check(fd >= 0, QPACK_STATUS_INVALID_ARGUMENT, "fd must be an open file descriptor");
+    auto model = qpack::load_model(name != nullptr ? name : "<fd>", options_of(options), fd);
+    *model_out = new qpack_model{std::move(model)};
+  });
+}
+
 void qpack_model_destroy(qpack_model* model) { delete model; }
+
+qpack_status qpack_model_data(const qpack_model* model, int32_t index, const void** data_out,
+                              size_t* size_out, uint64_t* offset_out) {
+  return api::guarded([&] {
+    qpack::check(data_out != nullptr && size_out != nullptr && offset_out != nullptr,
+                 QPACK_STATUS_INVALID_ARGUMENT, "data_out, size_out or offset_out is NULL");
+    const qpack::Model& m = model_of(model);
+    qpack::check(index >= 0 && static_cast<size_t>(index) < m.data.size(),
+                 QPACK_STATUS_INVALID_ARGUMENT, "data index ", index, " is out of range [0, ",
+                 m.data.size(), ")");
+    *data_out = m.data[static_cast<size_t>(index)].data;
+    *size_out = m.data[static_cast<size_t>(index)].size;
+    *offset_out = m.data_offsets[static_cast<size_t>(index)];
+  });
+}
 
 qpack_status qpack_model_get_info(const qpack_model* model, qpack_model_info* info_out) {
   return api::guarded([&] {
@@ -122,6 +156,7 @@ qpack_status qpack_model_get_info(const qpack_model* model, qpack_model_info* in
     info_out->file_size = m.file_size;
     info_out->nbytes_in_place = m.nbytes_in_place;
     info_out->host_size = m.host.size;
+    info_out->num_data = static_cast<int32_t>(m.data.size());
   });
 }
 

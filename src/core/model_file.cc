@@ -39,7 +39,9 @@ constexpr size_t kPage = 4096;
 constexpr size_t kBlobAlign = 64;
 constexpr uint32_t kMaxSections = 1u << 20;
 
-enum SectionType : uint32_t { kOp = 1, kPacked = 2, kOriginal = 3, kGraph = 4, kHost = 5 };
+enum SectionType : uint32_t {
+  kOp = 1, kPacked = 2, kOriginal = 3, kGraph = 4, kHost = 5, kData = 6
+};
 
 // Header fields: offset and size.
 struct Field {
@@ -303,10 +305,17 @@ struct FileBytes {
   }
 };
 
-std::shared_ptr<const FileBytes> open_file(const std::string& path, bool map) {
+std::shared_ptr<const FileBytes> open_file(const std::string& path, bool map, int given_fd) {
   Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  f.fd = given_fd >= 0 ? given_fd : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (f.fd < 0) io_fail("could not open", path);
+  struct Release {  // a given descriptor stays open
+    Fd& f;
+    int given;
+    ~Release() {
+      if (given >= 0) f.fd = -1;
+    }
+  } release{f, given_fd};
   struct stat st;
   if (::fstat(f.fd, &st) != 0) io_fail("could not stat", path);
   check(S_ISREG(st.st_mode), QPACK_STATUS_IO, path, " is not a regular file");
@@ -328,7 +337,8 @@ std::shared_ptr<const FileBytes> open_file(const std::string& path, bool map) {
   bytes->data = static_cast<const uint8_t*>(p);
   size_t done = 0;
   while (done < bytes->size) {
-    const ssize_t n = ::read(f.fd, static_cast<uint8_t*>(p) + done, bytes->size - done);
+    const ssize_t n = ::pread(f.fd, static_cast<uint8_t*>(p) + done, bytes->size - done,
+                              static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) io_fail("could not read", path);
     check(n > 0, QPACK_STATUS_FILE_FORMAT, path, " shrank while it was read");
@@ -343,7 +353,7 @@ std::shared_ptr<const FileBytes> open_file(const std::string& path, bool map) {
 
 void save_model(const std::string& path, std::vector<ModelOp> ops,
                 const std::vector<std::shared_ptr<const Graph>>& graphs, const void* host,
-                size_t host_size, bool with_originals) {
+                size_t host_size, const std::vector<Blob>& data, bool with_originals) {
   std::unordered_map<const void*, int32_t> index;
   for (size_t i = 0; i < ops.size(); ++i) {
     check(index.emplace(ops[i].key(), static_cast<int32_t>(i)).second, QPACK_STATUS_INVALID_ARGUMENT,
@@ -356,8 +366,8 @@ void save_model(const std::string& path, std::vector<ModelOp> ops,
       if (index.emplace(op.key(), static_cast<int32_t>(ops.size())).second) ops.push_back(op);
     }
   }
-  check(ops.size() * 3 + graphs.size() + 1 < kMaxSections, QPACK_STATUS_INVALID_ARGUMENT,
-        "too many ops for one file");
+  check(ops.size() * 3 + graphs.size() + data.size() + 1 < kMaxSections,
+        QPACK_STATUS_INVALID_ARGUMENT, "too many ops and arrays for one file");
 
   // Packed forms and originals, held until written.
   std::vector<PackedForm> forms;
@@ -376,12 +386,12 @@ void save_model(const std::string& path, std::vector<ModelOp> ops,
     }
   }
 
-  // Table order: OP..., GRAPH..., HOST, PACKED..., ORIGINAL...
+  // Table order: OP..., GRAPH..., HOST, PACKED..., DATA..., ORIGINAL...
   const uint32_t n_ops = static_cast<uint32_t>(ops.size());
   const uint32_t n_small = n_ops + static_cast<uint32_t>(graphs.size()) + (host_size > 0 ? 1 : 0);
   std::vector<Section> table;
   std::vector<std::vector<uint8_t>> small;  // bytes of the small sections, in table order
-  uint32_t next_original = n_small + n_ops;
+  uint32_t next_original = n_small + n_ops + static_cast<uint32_t>(data.size());
   for (uint32_t i = 0; i < n_ops; ++i) {
     const int32_t orig = originals[i].empty() ? -1 : static_cast<int32_t>(next_original++);
     small.push_back(op_record(ops[i], forms[i], n_small + i, orig));
@@ -404,6 +414,12 @@ void save_model(const std::string& path, std::vector<ModelOp> ops,
     offset = align_up(offset, kBlobAlign);
     table.push_back(Section{kPacked, 0, offset, forms[i].size, checksum(forms[i].data, forms[i].size)});
     offset += forms[i].size;
+  }
+  for (const Blob& d : data) {
+    check(d.size == 0 || d.data != nullptr, QPACK_STATUS_INVALID_ARGUMENT, "a data blob is NULL");
+    offset = align_up(offset, kBlobAlign);
+    table.push_back(Section{kData, 0, offset, d.size, checksum(d.data, d.size)});
+    offset += d.size;
   }
   for (uint32_t i = 0; i < n_ops; ++i) {
     if (originals[i].empty()) continue;
@@ -467,6 +483,7 @@ void save_model(const std::string& path, std::vector<ModelOp> ops,
     for (; s < small.size(); ++s) write_at(table[s].offset, small[s].data(), small[s].size());
     if (host_size > 0) write_at(table[s++].offset, host, host_size);
     for (uint32_t i = 0; i < n_ops; ++i) write_at(table[s++].offset, forms[i].data, forms[i].size);
+    for (const Blob& d : data) write_at(table[s++].offset, d.data, d.size);
     for (uint32_t i = 0; i < n_ops; ++i) {
       if (!originals[i].empty()) write_at(table[s++].offset, originals[i].data(), originals[i].size());
     }
@@ -483,8 +500,8 @@ void save_model(const std::string& path, std::vector<ModelOp> ops,
 
 // ---- load -----------------------------------------------------------------------
 
-std::shared_ptr<Model> load_model(const std::string& path, const LoadOptions& options) {
-  auto file = open_file(path, options.map);
+std::shared_ptr<Model> load_model(const std::string& path, const LoadOptions& options, int fd) {
+  auto file = open_file(path, options.map, fd);
   const uint8_t* base = file->data;
   const size_t size = file->size;
   auto bad = [&path](auto&&... parts) {
@@ -529,16 +546,17 @@ std::shared_ptr<Model> load_model(const std::string& path, const LoadOptions& op
     s.offset = load<uint64_t>(e, 8);
     s.size = load<uint64_t>(e, 16);
     s.checksum = load<uint64_t>(e, 24);
-    if (s.type < kOp || s.type > kHost || s.flags != 0) bad("section ", i, " has an unknown type", refreeze);
+    if (s.type < kOp || s.type > kData || s.flags != 0) bad("section ", i, " has an unknown type", refreeze);
     if (s.offset < table_end || s.offset > size || s.size > size - s.offset) {
       bad("section ", i, " lies outside the file (offset ", s.offset, ", size ", s.size, ")", refreeze);
     }
-    if ((s.type == kPacked || s.type == kOriginal) && s.offset % kBlobAlign != 0) {
+    if ((s.type == kPacked || s.type == kOriginal || s.type == kData) && s.offset % kBlobAlign != 0) {
       bad("section ", i, " is not 64-byte aligned", refreeze);
     }
     if (s.type == kHost && ++hosts > 1) bad("more than one host section", refreeze);
     if (options.verify && checksum(base + s.offset, s.size) != s.checksum) {
-      static const char* names[] = {"", "op", "packed weights", "original weights", "graph", "host"};
+      static const char* names[] = {"",      "op",   "packed weights", "original weights",
+                                    "graph", "host", "data"};
       bad("checksum mismatch in section ", i, " (", names[s.type], ", ", s.size,
           " bytes at offset ", s.offset, "): the file is corrupt", refreeze);
     }
@@ -566,6 +584,10 @@ std::shared_ptr<Model> load_model(const std::string& path, const LoadOptions& op
   for (uint32_t i = 0; i < n; ++i) {
     const Section& s = table[i];
     if (s.type == kHost) model->host = blob(s);
+    if (s.type == kData) {
+      model->data.push_back(blob(s));
+      model->data_offsets.push_back(s.offset);
+    }
     if (s.type != kOp) continue;
     const size_t op_index = model->ops.size();
     const std::string what = "op " + std::to_string(op_index);

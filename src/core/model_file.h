@@ -36,6 +36,8 @@ struct Model {
   std::vector<ModelOp> ops;                    // by index, as graphs and the host refer to them
   std::vector<std::shared_ptr<Graph>> graphs;
   Blob host;                                   // empty when the file has no host section
+  std::vector<Blob> data;                      // DATA sections (the host's large arrays), in order
+  std::vector<uint64_t> data_offsets;          // their offsets in the file
   size_t file_size = 0;
   bool mapped = false;
   size_t nbytes_in_place = 0;                  // packed bytes used from the file as they are
@@ -43,13 +45,15 @@ struct Model {
 };
 
 // Writes ops (in this order), then the ops of `graphs` not among them, the
-// graphs and the host bytes to `path` (a temporary file renamed over it).
-// with_originals: the original weights of ops that still hold them.
+// graphs, the host bytes and the data blobs to `path` (a temporary file
+// renamed over it). with_originals: the original weights of ops that still
+// hold them.
 void save_model(const std::string& path, std::vector<ModelOp> ops,
                 const std::vector<std::shared_ptr<const Graph>>& graphs, const void* host,
-                size_t host_size, bool with_originals);
+                size_t host_size, const std::vector<Blob>& data, bool with_originals);
 
-// Reads and validates a file (FILE_FORMAT / IO naming what failed).
-std::shared_ptr<Model> load_model(const std::string& path, const LoadOptions& options);
+// Reads and validates a file (FILE_FORMAT / IO naming what failed); from
+// `fd` when >= 0 (not closed; `path` names it in messages), else opens path.
+std::shared_ptr<Model> load_model(const std::string& path, const LoadOptions& options, int fd = -1);
 
 }  // namespace qpack

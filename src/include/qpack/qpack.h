@@ -508,6 +508,10 @@ typedef struct qpack_save_params {
   const void* host_data;   /* opaque bytes for the embedding language; NULL for none */
   size_t host_size;
   int with_originals;      /* also store the original weights of ops that hold them */
+  int32_t num_data;        /* large arrays of the embedding language (Python: tensor
+                              storages), each 64-byte aligned in the file */
+  const void* const* data;
+  const size_t* data_sizes;
 } qpack_save_params;
 
 typedef struct qpack_load_options {
@@ -528,6 +532,7 @@ typedef struct qpack_model_info {
   size_t file_size;
   size_t nbytes_in_place;    /* packed bytes used from the file as they are */
   size_t host_size;
+  int32_t num_data;
 } qpack_model_info;
 
 /* Defaults: map = 1, verify = 1, strict = 0. */
@@ -536,6 +541,11 @@ QPACK_API qpack_status qpack_model_save(const qpack_save_params* params, const c
 /* options may be NULL (defaults). */
 QPACK_API qpack_status qpack_model_load(const char* path, const qpack_load_options* options,
                                         qpack_model** model_out);
+/* The same from an open file descriptor (left open; `name` names it in
+ * messages), so that the caller maps the very file the core read. */
+QPACK_API qpack_status qpack_model_load_fd(int fd, const char* name,
+                                           const qpack_load_options* options,
+                                           qpack_model** model_out);
 /* The loaded ops and graphs live on while any handle to them does. */
 QPACK_API void qpack_model_destroy(qpack_model* model);
 QPACK_API qpack_status qpack_model_get_info(const qpack_model* model, qpack_model_info* info_out);
@@ -551,6 +561,10 @@ QPACK_API qpack_status qpack_model_graph(const qpack_model* model, int32_t index
 /* The host section's bytes (valid while the model lives); NULL and 0 when none. */
 QPACK_API qpack_status qpack_model_host(const qpack_model* model, const void** data_out,
                                         size_t* size_out);
+/* DATA section `index`: its bytes (valid while the model lives) and offset in the file. */
+QPACK_API qpack_status qpack_model_data(const qpack_model* model, int32_t index,
+                                        const void** data_out, size_t* size_out,
+                                        uint64_t* offset_out);
 /* Why the index-th re-packed op was re-packed (NUL-terminated into buf). */
 QPACK_API qpack_status qpack_model_repacked(const qpack_model* model, int32_t index, char* buf,
                                             size_t size);
