@@ -260,17 +260,18 @@ import sys, warnings, numpy as np, qpack
 path, ref_path, strict = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 ref = np.load(ref_path)
 x = np.random.default_rng(2).integers(0, 256, size=(5, 37), dtype=np.uint8)
+xc = np.random.default_rng(4).integers(0, 256, size=(2, 8, 10, 9), dtype=np.uint8)
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter("always")
     try:
-        lin = qpack.load(path, strict=strict)
+        ops = qpack.load(path, strict=strict)
     except qpack.FileFormatError as e:
         print("REFUSED", e)
         sys.exit(0)
 print("WARNINGS", sum(issubclass(i.category, qpack.RepackWarning) for i in w))
-print("EQUAL", np.array_equal(lin(x), ref))
-w_ref = np.load(ref_path.replace(".npy", "-w.npy"))
-print("UNPACK", np.array_equal(lin.unpack()[0], w_ref))
+print("EQUAL", np.array_equal(ops["linear"](x), ref["linear"]), np.array_equal(ops["conv"](xc), ref["conv"]))
+print("UNPACK", np.array_equal(ops["linear"].unpack()[0], ref["linear_w"]),
+      np.array_equal(ops["conv"].unpack()[0], ref["conv_w"]))
 """
 
 
@@ -278,18 +279,18 @@ print("UNPACK", np.array_equal(lin.unpack()[0], w_ref))
 def test_file_packed_with_vnni_loads_under_an_avx2_cap(tmp_path):
     from qpack import _file
     lin = make_linear("onednn", "int8_static", retain=False)
+    conv = make_conv("onednn", "int8_static", CONV_GEOMETRIES[0], retain=False)
     path = str(tmp_path / "vnni.qpk")
-    lin.save(path)
+    qpack.save({"linear": lin, "conv": conv}, path)
     isa = _file.describe(path)["header"]["onednn_isa"]
-    x = linear_input("int8_static")
-    np.save(tmp_path / "ref.npy", lin(x))
-    np.save(tmp_path / "ref-w.npy", lin.unpack()[0])
+    np.savez(tmp_path / "ref.npz", linear=lin(linear_input("int8_static")), conv=conv(conv_input("int8_static", 8)),
+             linear_w=lin.unpack()[0], conv_w=conv.unpack()[0])
     child = tmp_path / "child.py"
     child.write_text(ISA_CHILD)
     env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2")
 
     def run(strict):
-        p = subprocess.run([sys.executable, str(child), path, str(tmp_path / "ref.npy"), strict],
+        p = subprocess.run([sys.executable, str(child), path, str(tmp_path / "ref.npz"), strict],
                            env=env, capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         return p.stdout
@@ -297,7 +298,7 @@ def test_file_packed_with_vnni_loads_under_an_avx2_cap(tmp_path):
     if isa in ("sse41", "avx", "avx2"):
         pytest.skip(f"this machine packs for {isa}: no VNNI layout to move away from")
     out = run("0")
-    assert "WARNINGS 1" in out and "EQUAL True" in out and "UNPACK True" in out, out
+    assert "WARNINGS 2" in out and "EQUAL True True" in out and "UNPACK True True" in out, out
     refused = run("1")
     assert refused.startswith("REFUSED") and "strict" in refused, refused
 
