@@ -690,7 +690,14 @@ class GraphRunner:
         return (GraphRunner, (self._model_ref, self._qparams))
 
     def __qpk_reduce__(self):
-        return self.__reduce__()
+        # qpack.save: a one-graph forward keeps its lowered segment (spec and
+        # layers), so a loaded model skips the trace; several segments live
+        # in a rewritten trace (closures), which is redone on first use.
+        self._ready()
+        if self._gm is not None:
+            return self.__reduce__()
+        return (_restore_runner, (self._model_ref, self._qparams,
+                                  [(s.spec, s.layers) for s in self._segments]))
 
     def __qpk_graphs__(self):
         """The core graphs this forward runs (qpack.save writes them to the file)."""
@@ -700,6 +707,17 @@ class GraphRunner:
     def __deepcopy__(self, memo):
         import copy
         return GraphRunner(copy.deepcopy(self._model_ref, memo), copy.deepcopy(self._qparams, memo))
+
+
+def _restore_runner(model, qparams, segments):
+    """A one-graph GraphRunner from qpack.load (no trace; the graph is made on first use)."""
+    runner = GraphRunner(model, qparams)
+    runner._segments = []
+    for spec, layers in segments:
+        seg = Segment.__new__(Segment)
+        seg.spec, seg.layers, seg.handle, seg.packed_ids = spec, layers, None, None
+        runner._segments.append(seg)
+    return runner
 
 
 def attach(model, qparams=None):
