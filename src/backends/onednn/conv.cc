@@ -83,9 +83,10 @@ class OnednnConv final : public ConvKernel {
     const int64_t N = saved.problem[0], H = saved.problem[1], W = saved.problem[2];
     const int64_t min_h = spec_.dil_h * (spec_.KH - 1) + 1, min_w = spec_.dil_w * (spec_.KW - 1) + 1;
     check(dims_ok && saved.size == form.packed.size &&
-              saved.data_type == static_cast<uint32_t>(wei_dt()) && N >= 1 && N <= 4096 &&
-              H >= std::max<int64_t>(1, min_h - spec_.pad_t - spec_.pad_b) && H <= 65536 &&
-              W >= std::max<int64_t>(1, min_w - spec_.pad_l - spec_.pad_r) && W <= 65536,
+              saved.data_type == static_cast<uint32_t>(wei_dt()) && N >= 1 && N <= 1024 &&
+              H >= std::max<int64_t>(1, min_h - spec_.pad_t - spec_.pad_b) && H <= 16384 &&
+              W >= std::max<int64_t>(1, min_w - spec_.pad_l - spec_.pad_r) && W <= 16384 &&
+              N * H * W <= (int64_t(1) << 28),
           QPACK_STATUS_FILE_FORMAT, form.what, ": its oneDNN layout ", saved.str(),
           " does not describe this convolution's weight (", form.packed.size,
           " bytes); the file is corrupt (re-freeze and save it again)");
