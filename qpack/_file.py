@@ -26,7 +26,8 @@ PAGE = 4096
 WEIGHT_ALIGN = 64
 SMALL_ALIGN = 8
 
-SECTION_TYPES = {1: "op", 2: "packed", 3: "original", 4: "graph", 5: "host"}
+SECTION_TYPES = {1: "op", 2: "packed", 3: "original", 4: "graph", 5: "host", 6: "data"}
+WEIGHT_SEGMENT = (2, 3, 6)  # PACKED, ORIGINAL, DATA: 64-byte aligned, after the page boundary
 OPS = {0: "linear", 1: "conv2d"}
 BACKENDS = {1: "onednn", 2: "qnnpack"}              # qpack_backend
 MODES = {0: "f32", 1: "int8_static", 2: "int8_dynamic"}  # qpack_mode, named as PackedLinear.mode
@@ -223,14 +224,14 @@ def _sections(f, table_raw, table_end, real_size, verify, problems):
              "offset": off, "size": size, "checksum": checksum, "ok": None, "in_bounds": True}
         where = f"section {i} ({s['type']})"
         if t not in SECTION_TYPES:
-            problems.append(f"{where}: unknown type {t} (1 op, 2 packed, 3 original, 4 graph, 5 host)")
+            problems.append(f"{where}: unknown type {t} (1 op, 2 packed, 3 original, 4 graph, 5 host, 6 data)")
         if flags != 0:
             problems.append(f"{where}: flags {flags}, expected 0")
         if off < table_end or off + size > real_size:
             s["in_bounds"] = False
             problems.append(f"{where}: bytes [{off}, {off + size}) are not inside the file after the table "
                             f"([{table_end}, {real_size}))")
-        elif t in (2, 3) and off % WEIGHT_ALIGN:
+        elif t in WEIGHT_SEGMENT and off % WEIGHT_ALIGN:
             problems.append(f"{where}: offset {off} is not a multiple of {WEIGHT_ALIGN}")
         elif t in (1, 4, 5) and off % SMALL_ALIGN:
             problems.append(f"{where}: offset {off} is not a multiple of {SMALL_ALIGN}")
@@ -412,7 +413,7 @@ def _section_ref(sections, idx, want_type, field, where, problems):
         return None
     s = sections[idx]
     if s["type_id"] != want_type:
-        problems.append(f"{where}: {field} {idx} is a {s['type']} section, not {SECTION_TYPES[want_type]}")
+        problems.append(f"{where}: {field} {idx} is a section of type {s['type']}, not {SECTION_TYPES[want_type]}")
         return None
     return s
 
@@ -544,7 +545,8 @@ def _check_geometry(op, problems, where):
            if g[k] < 1]
     bad += [k for k in ("pad_top", "pad_left", "pad_bottom", "pad_right") if g[k] < 0]
     if bad:
-        problems.append(f"{where}: conv2d geometry out of range: " + ", ".join(f"{k}={g[k]}" for k in bad))
+        problems.append(f"{where}: conv2d geometry out of range: " + ", ".join(f"{k}={g[k]}" for k in bad)
+                        + " (sizes, strides and dilations must be >= 1, pads >= 0)")
     elif g["IC"] % g["groups"] or g["OC"] % g["groups"]:
         problems.append(f"{where}: conv2d IC={g['IC']} and OC={g['OC']} must be divisible by "
                         f"groups={g['groups']}")
@@ -707,7 +709,8 @@ def describe(path, verify=True):
     ``sections`` (type, offset, size, stored checksum, ``ok``: True/False, or
     None when not verified), ``ops`` (index, op, backend, mode, geometry,
     num_weight_scales, has_bias, packed_bytes, original_bytes, layout, ...),
-    ``graphs`` (values, inputs, outputs, nodes), ``host_bytes``, ``verified``
+    ``graphs`` (values, inputs, outputs, nodes), ``host_bytes`` (the pickle of the
+    saved object), ``data_bytes`` (the large tensors it names in DATA sections), ``verified``
     and ``problems`` (human-readable; empty for a sound file). ``verify``
     checksums every section (the header and table checksums are always
     checked). Raises OSError only when the file cannot be read.
@@ -715,7 +718,7 @@ def describe(path, verify=True):
     path = os.fspath(path)
     problems = []
     out = {"path": path, "file_bytes": 0, "header": {}, "sections": [], "ops": [], "graphs": [],
-           "host_bytes": 0, "verified": bool(verify), "problems": problems}
+           "host_bytes": 0, "data_bytes": 0, "verified": bool(verify), "problems": problems}
     with open(path, "rb") as f:
         real_size = os.fstat(f.fileno()).st_size
         out["file_bytes"] = real_size
@@ -746,6 +749,7 @@ def describe(path, verify=True):
         _check_weight_refs(out["ops"], sections, problems)
         out["graphs"] = records(4, _new_graph, _graph_fields, out["ops"], "graph")
         out["host_bytes"] = sum(s["size"] for s in sections if s["type_id"] == 5)
+        out["data_bytes"] = sum(s["size"] for s in sections if s["type_id"] == 6)
     return out
 
 
