@@ -225,6 +225,24 @@ def main():
 _FILE = click.Path(exists=True, dir_okay=False)
 
 
+def _random_input(shape):
+    import torch
+    return torch.randn(*shape)
+
+
+def _compare(src, frozen, x):
+    """(max |frozen(x) - src(x)|, max |src(x)|), or None when the outputs are not one tensor each."""
+    import torch
+    try:
+        with torch.inference_mode():
+            want, got = src(x), frozen(x)
+    except Exception as e:  # noqa: BLE001 - a wrong --input-shape and the like
+        raise _Failed(f"the model does not run on an input of shape {tuple(x.shape)}: {_one_line(e)}") from None
+    if not (torch.is_tensor(want) and torch.is_tensor(got) and want.shape == got.shape):
+        return None
+    return float((got.float() - want.float()).abs().max()), float(want.float().abs().max())
+
+
 @main.command()
 @click.argument("model")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True),
@@ -265,7 +283,6 @@ def freeze(model, output, int8, data, batch_size, input_shape, backend, retain, 
         except s.SourceError as e:
             raise _Failed(str(e)) from None
     progress = not quiet and sys.stderr.isatty()
-    import torch
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -276,16 +293,8 @@ def freeze(model, output, int8, data, batch_size, input_shape, backend, retain, 
         except Exception as e:  # noqa: BLE001 - the user's model failed to run on the calibration data
             raise _Failed(f"qpack.freeze failed on {model}: {_one_line(e)}") from None
     _echo_warnings(caught)
-    check = None
-    x = torch.randn(*input_shape) if input_shape else (batches[0] if batches else None)
-    if x is not None:
-        try:
-            with torch.inference_mode():
-                want, got = src(x), frozen(x)
-        except Exception as e:  # noqa: BLE001
-            raise _Failed(f"the model does not run on an input of shape {tuple(x.shape)}: {_one_line(e)}") from None
-        if torch.is_tensor(want) and torch.is_tensor(got) and want.shape == got.shape:
-            check = float((got.float() - want.float()).abs().max()), float(want.float().abs().max())
+    x = _random_input(input_shape) if input_shape else (batches[0] if batches else None)
+    check = None if x is None else _compare(src, frozen, x)
     if not qpack.memory_report(frozen).layers:
         raise _Failed(f"no layer of {model} was frozen (qpack packs nn.Linear, nn.Conv1d and nn.Conv2d layers "
                       "with float32 or int8 weights), so there is nothing to save")
@@ -391,13 +400,13 @@ def bench(file, input_shape, threads, runs, source):
         warnings.simplefilter("always")
         try:
             model = qpack.load(file)
-        except (qpack.Error, OSError) as e:
-            raise _Failed(f"{file}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - qpack.Error, OSError, or the host pickle's own failures
+            raise _Failed(f"{file}: {_one_line(e)}") from None
     _echo_warnings(caught)
     if not callable(model):
         raise _Failed(f"{file} holds a {type(model).__name__}, not a model to run")
     src = _load_source(source, input_shape) if source else None
-    x = torch.randn(*input_shape)
+    x = _random_input(input_shape)
     warmup = max(3, runs // 10)
     rows = []
     try:
