@@ -171,7 +171,7 @@ cross-test: $(DEPS_STAMP) $(QNNPACK_STAMP)
 	      -DQPACK_GOLDEN_FILE=$(CURDIR)/$(CROSS_DIR)/golden_x86.bin >/dev/null; \
 	  grep -q 'QPACK_WITH_ONEDNN:BOOL=OFF' $(CROSS_DIR)/$$name/CMakeCache.txt; \
 	  nice -n 10 $(CMAKE_BIN) --build $(CROSS_DIR)/$$name -j$(CROSS_JOBS); \
-	  (cd $(CROSS_DIR)/$$name && $(CTEST_BIN) --output-on-failure -V) | grep -E '^[0-9]+: (c_api|concurrency|test_ops|golden|qpack |qnnpack:|skip|linear|conv|reference)|tests passed|Test +#'; \
+	  (cd $(CROSS_DIR)/$$name && $(CTEST_BIN) --output-on-failure -V) | grep -E '^[0-9]+: (c_api|concurrency|test_ops|golden|model file|qpack |qnnpack:|skip|linear|conv|reference)|tests passed|Test +#'; \
 	done
 	rm -rf $(CROSS_DIR)/prefix
 	$(MAKE) --no-print-directory cross-install PREFIX=$(CURDIR)/$(CROSS_DIR)/prefix CROSS_INSTALL_BUILD=$(CROSS_DIR)/mobile-noomp

@@ -562,13 +562,17 @@ std::shared_ptr<Model> load_model(const std::string& path, const LoadOptions& op
     }
   }
 
-  // Builds and ISAs: this build's packing code, or another's.
+  // Builds and ISAs: this build's packing code, or another's (then nothing is
+  // used in place); another ISA only names itself in messages, the layouts
+  // decide (QNNPACK packs the same bytes on x86 and ARM for equal blocking).
   std::string other[QPACK_BACKEND_QNNPACK + 1];
+  bool same_build[QPACK_BACKEND_QNNPACK + 1] = {true, true, true};
   for (const auto& bf : kBackendFields) {
     const Backend& b = backend(bf.id);
     const std::string build = load_text(base, bf.build), isa = load_text(base, bf.isa);
     if (!b.compiled() || b.ops.build_id == nullptr || build.empty()) continue;
     const std::string here = b.ops.build_id(), here_isa = b.ops.isa();
+    same_build[bf.id] = build == here;
     if (build != here || isa != here_isa) {
       other[bf.id] = std::string("packed by '") + build + "' for " + isa + "; this is '" + here +
                      "' on " + here_isa;
@@ -628,7 +632,7 @@ std::shared_ptr<Model> load_model(const std::string& path, const LoadOptions& op
     r.expect(r.remaining() == 0, "length");
     form.packed = blob(table[packed_section]);
     form.allow_repack = !options.strict;
-    form.same_build = other[c.backend].empty();
+    form.same_build = same_build[c.backend];
     form.other_build = other[c.backend];
     form.what = path + ": " + what + " (" + (kind == 0 ? "linear" : "conv2d") + ")";
     const uint8_t* original =

@@ -142,7 +142,7 @@ void parse_static_io(const OpParams& p, OpSpec* s) {
 }  // namespace
 
 void layout_differs(const SavedForm& form, const std::string& layouts) {
-  const std::string why = form.same_build ? layouts : form.other_build + "; " + layouts;
+  const std::string why = form.other_build.empty() ? layouts : form.other_build + "; " + layouts;
   check(form.allow_repack, QPACK_STATUS_FILE_FORMAT, form.what, " was packed for another layout (",
         why, "); load without strict to re-pack it here, or freeze and save the model on this "
         "machine");

@@ -138,7 +138,7 @@ struct SavedForm {
   Blob packed;
   bool allow_repack = true;
   bool same_build = true;  // packed by this build's packing code (else never used in place)
-  std::string other_build;  // when not: "packed by X for ISA Y; this is Z", in messages
+  std::string other_build;  // another build or ISA: "packed by X for Y; this is Z on W", in messages
   std::string what;  // "op 3 (linear)", in messages
   mutable bool repacked = false;
   mutable std::string why;  // what differed, when repacked

@@ -6,7 +6,13 @@
  * Inputs come from a fixed integer generator, so both builds see the same
  * bytes. The comparison passes when every output byte is equal or off by one
  * quantum, and prints how many were equal; it fails on a larger difference or
- * a different set of cases. */
+ * a different set of cases.
+ *
+ * Model files across ISAs: `write` also saves every op to FILE.qpk (x86
+ * packing: QNNPACK's SSE2 blocking); `compare` loads it on ARM, where the
+ * blocking differs, so each op is decoded from the x86 packed bytes and
+ * re-packed, and its outputs must equal those of the op packed on ARM from
+ * the original weights, byte for byte. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,22 +42,29 @@ typedef struct {
   char name[64];
   size_t size;
   uint8_t* data;
+  /* to run the same case on an op loaded from a model file */
+  qpack_linear* lin;
+  qpack_conv2d* conv;
+  uint8_t* x;
+  int64_t m, h, w;
 } result;
 
 enum { kMaxResults = 64 };
 static result g_results[kMaxResults];
 static int g_count = 0;
 
-static void add_result(const char* name, const uint8_t* data, size_t size) {
+static result* add_result(const char* name, const uint8_t* data, size_t size) {
   if (g_count == kMaxResults) {
     fprintf(stderr, "too many cases\n");
     exit(2);
   }
   result* r = &g_results[g_count++];
+  memset(r, 0, sizeof(*r));
   snprintf(r->name, sizeof(r->name), "%s", name);
   r->size = size;
   r->data = (uint8_t*)malloc(size ? size : 1);
   memcpy(r->data, data, size);
+  return r;
 }
 
 static int check(qpack_status s, const char* what) {
@@ -91,9 +104,9 @@ static void linear_case(int64_t m, int64_t k, int64_t n, int per_channel, int re
   char name[64];
   snprintf(name, sizeof(name), "linear m%lld k%lld n%lld %s%s", (long long)m, (long long)k,
            (long long)n, per_channel ? "per-channel" : "per-tensor", relu ? " relu" : "");
-  add_result(name, y, (size_t)(m * n));
-  qpack_linear_destroy(lin);
-  free(w), free(scales), free(bias), free(x), free(y);
+  result* r = add_result(name, y, (size_t)(m * n));
+  r->lin = lin, r->x = x, r->m = m;
+  free(w), free(scales), free(bias), free(y);
 }
 
 static void conv_case(int64_t c_in, int64_t c_out, int64_t groups, int64_t kh, int64_t kw,
@@ -137,9 +150,9 @@ static void conv_case(int64_t c_in, int64_t c_out, int64_t groups, int64_t kh, i
   snprintf(name, sizeof(name), "conv %lldx%lld %lld->%lld g%lld s%lld p%lld d%lld %lldx%lld",
            (long long)kh, (long long)kw, (long long)c_in, (long long)c_out, (long long)groups,
            (long long)stride, (long long)pad, (long long)dilation, (long long)h, (long long)wd);
-  add_result(name, y, yn);
-  qpack_conv2d_destroy(conv);
-  free(w), free(scales), free(bias), free(x), free(y);
+  result* r = add_result(name, y, yn);
+  r->conv = conv, r->x = x, r->h = h, r->w = wd;
+  free(w), free(scales), free(bias), free(y);
 }
 
 static void run_cases(void) {
@@ -155,6 +168,67 @@ static void run_cases(void) {
   conv_case(10, 10, 10, 5, 5, 1, 2, 1, 8, 8);    /* depthwise 5x5 */
   conv_case(8, 12, 4, 3, 3, 1, 2, 2, 9, 9);      /* grouped, dilated */
   conv_case(64, 64, 1, 3, 3, 1, 1, 1, 8, 8);     /* 3x3 64->64 */
+}
+
+/* The outputs of op `index` of a loaded model file on case r's input. */
+static void run_loaded(const qpack_model* model, int index, const result* r, uint8_t* y) {
+  if (r->lin) {
+    qpack_linear* lin = NULL;
+    check(qpack_model_linear(model, index, &lin), "model linear");
+    check(qpack_linear_run_u8(lin, r->m, r->x, 0.04f, 121, y), "loaded linear run");
+    qpack_linear_destroy(lin);
+  } else {
+    qpack_conv2d* conv = NULL;
+    check(qpack_model_conv2d(model, index, &conv), "model conv");
+    check(qpack_conv2d_run_u8(conv, 1, r->h, r->w, QPACK_LAYOUT_NHWC, r->x, 0.05f, 110,
+                              QPACK_LAYOUT_NHWC, y),
+          "loaded conv run");
+    qpack_conv2d_destroy(conv);
+  }
+}
+
+/* Loads path and runs every case on its op: 0 when all outputs equal this
+ * build's own, byte for byte. `expect_repacked`: how many ops must have been
+ * re-packed (-1: any). */
+static int check_model_file(const char* path, int expect_repacked) {
+  qpack_model* model = NULL;
+  check(qpack_model_load(path, NULL, &model), "model load");
+  qpack_model_info info;
+  check(qpack_model_get_info(model, &info), "model info");
+  int different = 0;
+  for (int i = 0; i < g_count; ++i) {
+    uint8_t* y = (uint8_t*)malloc(g_results[i].size ? g_results[i].size : 1);
+    run_loaded(model, i, &g_results[i], y);
+    different += memcmp(y, g_results[i].data, g_results[i].size) != 0;
+    free(y);
+  }
+  char why[512] = "";
+  if (info.num_repacked > 0) qpack_model_repacked(model, 0, why, sizeof(why));
+  printf("model file: %d ops, %d re-packed%s%s, %zu bytes used in place; %d with outputs "
+         "different from this build's own packing\n",
+         info.num_ops, info.num_repacked, info.num_repacked ? ", e.g. " : "", why,
+         info.nbytes_in_place, different);
+  qpack_model_destroy(model);
+  const int ok = info.num_ops == g_count && different == 0 &&
+                 (expect_repacked < 0 || info.num_repacked == expect_repacked);
+  if (!ok) fprintf(stderr, "FAIL: model file %s\n", path);
+  return ok ? 0 : 1;
+}
+
+static void save_model_file(const char* path) {
+  const qpack_linear* lins[kMaxResults];
+  const qpack_conv2d* convs[kMaxResults];
+  qpack_save_params p;
+  memset(&p, 0, sizeof(p));
+  for (int i = 0; i < g_count; ++i) {
+    if (g_results[i].lin) lins[p.num_linears++] = g_results[i].lin;
+  }
+  for (int i = 0; i < g_count; ++i) {
+    if (g_results[i].conv) convs[p.num_convs++] = g_results[i].conv;
+  }
+  p.linears = lins;
+  p.convs = convs;
+  check(qpack_model_save(&p, path), "model save");
 }
 
 int main(int argc, char** argv) {
@@ -177,7 +251,10 @@ int main(int argc, char** argv) {
     }
     fclose(f);
     printf("golden: wrote %d cases to %s\n", g_count, argv[2]);
-    return 0;
+    char qpk[4096];
+    snprintf(qpk, sizeof(qpk), "%s.qpk", argv[2]);
+    save_model_file(qpk);
+    return check_model_file(qpk, 0);  /* this build: every op in place */
   }
   FILE* f = fopen(argv[2], "rb");
   if (!f) {
@@ -223,5 +300,14 @@ int main(int argc, char** argv) {
   fclose(f);
   printf("golden: %d cases, %zu outputs, %zu equal, %zu off by one quantum, %d cases worse\n",
          g_count, total, equal, off_by_one, failures);
+  char qpk[4096];
+  snprintf(qpk, sizeof(qpk), "%s.qpk", argv[2]);
+  failures += check_model_file(qpk, -1);
+  for (int i = 0; i < g_count; ++i) {
+    qpack_linear_destroy(g_results[i].lin);
+    qpack_conv2d_destroy(g_results[i].conv);
+    free(g_results[i].x);
+    free(g_results[i].data);
+  }
   return failures == 0 ? 0 : 1;
 }
