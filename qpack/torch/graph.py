@@ -10,6 +10,7 @@ PyTorch between them. The model keeps its class and layers (saving,
 ``GraphRunner``. Inputs the graph cannot take (other dtypes or ranks) run the
 layers one by one as before.
 """
+import copy
 import operator
 
 import torch
@@ -705,7 +706,6 @@ class GraphRunner:
         return [s.graph() for s in self._segments]
 
     def __deepcopy__(self, memo):
-        import copy
         return GraphRunner(copy.deepcopy(self._model_ref, memo), copy.deepcopy(self._qparams, memo))
 
 
@@ -725,7 +725,50 @@ def attach(model, qparams=None):
     name); raises Unsupported when no part of it lowers."""
     runner = GraphRunner(model, qparams).build()
     object.__setattr__(model, "forward", runner)
+    if isinstance(model, torch.fx.GraphModule):
+        # A GraphModule pickles its __dict__ as its reduce arguments, so the
+        # runner (which points back at it) would recurse: pickle it without
+        # the runner and attach a new one on load. fx makes a class per
+        # GraphModule instance, so this changes this model only.
+        type(model).__reduce__ = _graph_module_reduce
+        type(model).__deepcopy__ = _graph_module_deepcopy
     return runner
+
+
+def _graph_module_reduce(self):
+    runner = self.__dict__.pop("forward", None)
+    try:
+        fn, args = torch.fx.GraphModule.__reduce__(self)
+    finally:
+        if runner is not None:
+            self.__dict__["forward"] = runner
+    qparams = runner._qparams if isinstance(runner, GraphRunner) else None
+    return (_restore_graph_module, (fn, args, isinstance(runner, GraphRunner), qparams))
+
+
+def _graph_module_deepcopy(self, memo):
+    runner = self.__dict__.pop("forward", None)
+    try:
+        new = torch.fx.GraphModule.__deepcopy__(self, memo)
+    finally:
+        if runner is not None:
+            self.__dict__["forward"] = runner
+    if isinstance(runner, GraphRunner):
+        try:
+            attach(new, copy.deepcopy(runner._qparams, memo))
+        except Unsupported:
+            pass
+    return new
+
+
+def _restore_graph_module(fn, args, had_runner, qparams):
+    gm = fn(*args)
+    if had_runner:
+        try:
+            attach(gm, qparams)
+        except Unsupported:
+            pass  # layer by layer, as it ran before it was frozen to a graph
+    return gm
 
 
 def detach(model):

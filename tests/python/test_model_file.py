@@ -480,3 +480,20 @@ def test_real_minilm_round_trip(tmp_path):
             with torch.no_grad():
                 assert torch.equal(got(input_ids=ids, attention_mask=mask).last_hidden_state,
                                    frozen(input_ids=ids, attention_mask=mask).last_hidden_state), dtype
+
+
+def test_graph_frozen_graph_module_pickles_saves_and_copies(tmp_path):
+    """An fx GraphModule pickles its __dict__ (the runner pointing back at it)
+    as reduce arguments: it used to recurse forever."""
+    import copy
+    from qpack.torch.graph import runner_of
+    gm = torch.fx.symbolic_trace(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten()).eval())
+    x = torch.randn(2, 3, 8, 8)
+    for kw in ({}, {"dtype": "int8", "example_inputs": [x], "progress": False}):
+        frozen = qpack.freeze(gm, **kw)
+        qpack.save(frozen, tmp_path / "gm.qpk")
+        for other in (pickle.loads(pickle.dumps(frozen)), qpack.load(tmp_path / "gm.qpk"), copy.deepcopy(frozen)):
+            assert runner_of(other) is not None and runner_of(other)._model_ref is other
+            assert torch.equal(other(x), frozen(x))
+    untouched = torch.fx.symbolic_trace(nn.Sequential(nn.ReLU()))
+    assert type(untouched).__reduce__ is torch.fx.GraphModule.__reduce__
