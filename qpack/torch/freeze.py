@@ -491,7 +491,12 @@ def _try_graph(frozen):
         return None
     try:
         return _g.attach(frozen)
-    except (_g.Unsupported, qpack_error):
+    except _g.Unsupported as e:
+        if "GraphModule" in str(e):  # traced, but fx would not hold it: say why it runs layer by layer
+            warnings.warn(f"qpack.freeze: the model runs layer by layer, not as a core graph: {e}",
+                          FreezeWarning, stacklevel=3)
+        return None
+    except qpack_error:
         return None
 
 

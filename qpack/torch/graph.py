@@ -353,7 +353,10 @@ def trace(model):
             return isinstance(m, (FrozenConv1d, FrozenConv2d, FrozenLinear)) or super().is_leaf_module(m, qualname)
 
     graph = Tracer().trace(model)
-    return torch.fx.GraphModule(model, graph)
+    try:
+        return torch.fx.GraphModule(model, graph)
+    except Exception as e:  # noqa: BLE001 - e.g. a submodule named like a GraphModule attribute
+        raise Unsupported(f"the traced model cannot become a GraphModule ({type(e).__name__}: {e})") from None
 
 
 # ---- segments: the parts of a trace the core runs ------------------------------------------
@@ -569,6 +572,8 @@ class GraphRunner:
     def build(self):
         try:
             gm = trace(self._model_ref)
+        except Unsupported:
+            raise
         except Exception as e:  # noqa: BLE001 - anything fx cannot trace is not a graph
             raise Unsupported(f"trace: {type(e).__name__}") from None
         segs = segments(gm)

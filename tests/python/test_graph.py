@@ -683,3 +683,24 @@ def test_negative_mean_dims_stay_in_pytorch():
     assert "global_avgpool" not in qpack.graph_report(f)
     with torch.no_grad():
         close(f(x), model(x))
+
+
+def test_a_submodule_named_graph_warns_and_runs_layer_by_layer():
+    """fx cannot hold a submodule called `graph` in a GraphModule: the freeze
+    says so instead of silently running layer by layer."""
+
+    class Named(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.graph = nn.Conv2d(3, 4, 3)
+            self.act = nn.ReLU()
+
+        def forward(self, x):
+            return self.act(self.graph(x))
+
+    model = Named().eval()
+    with pytest.warns(qpack.torch.freeze.FreezeWarning, match="cannot become a GraphModule"):
+        frozen = qpack.freeze(model)
+    assert G.runner_of(frozen) is None
+    x = torch.randn(1, 3, 8, 8)
+    assert torch.allclose(frozen(x), model(x), atol=1e-5)
