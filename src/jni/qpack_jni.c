@@ -4,7 +4,8 @@
  *
  * Errors: a failed qpack call throws, with qpack_last_error() as the message:
  * IllegalArgumentException (bad argument or dtype), IllegalStateException
- * (closed), UnsupportedOperationException, OutOfMemoryError, or
+ * (closed), UnsupportedOperationException, OutOfMemoryError, java.io.IOException
+ * (a model file that cannot be read or written, or is corrupt), or
  * org.qpack.QpackException (backend or internal error). */
 #include <jni.h>
 #include <stdint.h>
@@ -20,6 +21,8 @@ static void throw_status(JNIEnv* env, qpack_status status) {
     case QPACK_STATUS_CLOSED: cls = "java/lang/IllegalStateException"; break;
     case QPACK_STATUS_UNSUPPORTED: cls = "java/lang/UnsupportedOperationException"; break;
     case QPACK_STATUS_OUT_OF_MEMORY: cls = "java/lang/OutOfMemoryError"; break;
+    case QPACK_STATUS_FILE_FORMAT:
+    case QPACK_STATUS_IO: cls = "java/io/IOException"; break;
     default: cls = "org/qpack/QpackException"; break;
   }
   jclass c = (*env)->FindClass(env, cls);
@@ -160,4 +163,58 @@ JNIEXPORT void JNICALL Java_org_qpack_PackedLinear_nativeDestroy(JNIEnv* env, jc
                                                                 jlong handle) {
   (void)env, (void)cls;
   qpack_linear_destroy((qpack_linear*)(intptr_t)handle);
+}
+
+JNIEXPORT void JNICALL Java_org_qpack_PackedLinear_nativeSave(JNIEnv* env, jclass cls,
+                                                             jlong handle, jstring path) {
+  (void)cls;
+  if (path == NULL) {
+    throw_arg(env, "path must not be null");
+    return;
+  }
+  const char* p = (*env)->GetStringUTFChars(env, path, NULL);
+  if (p == NULL) return;
+  ok(env, qpack_linear_save((const qpack_linear*)(intptr_t)handle, p));
+  (*env)->ReleaseStringUTFChars(env, path, p);
+}
+
+/* A handle over the file's one linear, its packed bytes used in place from a
+ * read-only mapping (0 and an exception on failure). */
+JNIEXPORT jlong JNICALL Java_org_qpack_PackedLinear_nativeLoad(JNIEnv* env, jclass cls,
+                                                              jstring path, jboolean strict) {
+  (void)cls;
+  if (path == NULL) {
+    throw_arg(env, "path must not be null");
+    return 0;
+  }
+  const char* p = (*env)->GetStringUTFChars(env, path, NULL);
+  if (p == NULL) return 0;
+  qpack_load_options o;
+  qpack_load_options_init(&o);
+  o.strict = strict ? 1 : 0;
+  qpack_linear* lin = NULL;
+  if (ok(env, qpack_linear_load(p, &o, &lin))) {
+    qpack_linear_info info;
+    if (ok(env, qpack_linear_get_info(lin, &info)) && info.mode != QPACK_MODE_INT8_STATIC) {
+      throw_arg(env, "the file's linear is not a static int8 layer");
+    }
+  }
+  (*env)->ReleaseStringUTFChars(env, path, p);
+  if ((*env)->ExceptionCheck(env)) {
+    qpack_linear_destroy(lin);
+    return 0;
+  }
+  return (jlong)(intptr_t)lin;
+}
+
+JNIEXPORT jlongArray JNICALL Java_org_qpack_PackedLinear_nativeShape(JNIEnv* env, jclass cls,
+                                                                    jlong handle) {
+  (void)cls;
+  qpack_linear_info info;
+  if (!ok(env, qpack_linear_get_info((const qpack_linear*)(intptr_t)handle, &info))) return NULL;
+  jlongArray out = (*env)->NewLongArray(env, 2);
+  if (out == NULL) return NULL;
+  const jlong shape[2] = {info.out_features, info.in_features};
+  (*env)->SetLongArrayRegion(env, out, 0, 2, shape);
+  return out;
 }

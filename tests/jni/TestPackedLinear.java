@@ -21,7 +21,7 @@ public final class TestPackedLinear {
   }
 
   private interface Body {
-    void run();
+    void run() throws Exception;
   }
 
   private static void expectThrows(Class<? extends Throwable> type, String what, Body body) {
@@ -134,6 +134,26 @@ public final class TestPackedLinear {
     expectThrows(IllegalArgumentException.class, "two scales for three outputs",
         () -> new PackedLinear(new byte[12], 3, 4, new float[] {1f, 1f}, null, 1f, 0, true));
     expect(Arrays.equals(shared.run(x, 7, 0.05f, 128), expected), "usable after errors");
+
+    // Model files: save, load (mapped), the same outputs and weights; bad files throw IOException.
+    java.io.File dir = java.nio.file.Files.createTempDirectory("qpack-jni").toFile();
+    String path = new java.io.File(dir, "linear.qpk").getPath();
+    shared.save(path);
+    try (PackedLinear loaded = PackedLinear.load(path)) {
+      expect(loaded.inFeatures() == 200 && loaded.outFeatures() == 48, "loaded shape");
+      expect(Arrays.equals(loaded.run(x, 7, 0.05f, 128), expected), "loaded model file: same outputs");
+      expect(Arrays.equals(loaded.unpack(), w), "loaded model file: unpack bit-exact");
+    }
+    byte[] file = java.nio.file.Files.readAllBytes(new java.io.File(path).toPath());
+    file[file.length / 2] ^= 0x01;
+    String bad = new java.io.File(dir, "bad.qpk").getPath();
+    java.nio.file.Files.write(new java.io.File(bad).toPath(), file);
+    expectThrows(java.io.IOException.class, "load of a corrupt file", () -> PackedLinear.load(bad).close());
+    expectThrows(java.io.IOException.class, "load of a missing file",
+        () -> PackedLinear.load(new java.io.File(dir, "missing.qpk").getPath()).close());
+    new java.io.File(path).delete();
+    new java.io.File(bad).delete();
+    dir.delete();
     shared.close();
     shared.close();
     expect(shared.isClosed(), "closed");

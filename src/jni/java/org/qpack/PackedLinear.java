@@ -1,5 +1,6 @@
 package org.qpack;
 
+import java.io.IOException;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
 import java.util.function.LongFunction;
 
@@ -37,6 +38,43 @@ public final class PackedLinear implements AutoCloseable {
     this.outFeatures = outFeatures;
     this.handle = nativeCreate(weight, outFeatures, inFeatures, weightScales, bias, outputScale,
         outputZeroPoint, retain);
+  }
+
+  private PackedLinear(long handle) {
+    long[] shape = nativeShape(handle);
+    this.outFeatures = (int) shape[0];
+    this.inFeatures = (int) shape[1];
+    this.handle = handle;
+  }
+
+  /**
+   * Loads a packed model file (.qpk) holding one static int8 linear, written by
+   * {@link #save} or by Python's {@code qpack.save}: its packed weights are used
+   * in place from a read-only mapping of the file when they were packed for this
+   * CPU, else re-packed from the packed form (or refused when {@code strict}).
+   *
+   * @throws IOException the file cannot be read, or is corrupt, truncated or
+   *     packed elsewhere under {@code strict}
+   */
+  public static PackedLinear load(String path, boolean strict) throws IOException {
+    return new PackedLinear(nativeLoad(path, strict));
+  }
+
+  public static PackedLinear load(String path) throws IOException {
+    return load(path, false);
+  }
+
+  /** Writes this layer to a packed model file (.qpk; a temporary file renamed over path). */
+  public void save(String path) throws IOException {
+    lock.readLock().lock();
+    try {
+      if (handle == 0) {
+        throw new IllegalStateException("PackedLinear is closed");
+      }
+      nativeSave(handle, path);
+    } finally {
+      lock.readLock().unlock();
+    }
   }
 
   public int inFeatures() {
@@ -118,4 +156,10 @@ public final class PackedLinear implements AutoCloseable {
   private static native void nativeClose(long handle);
 
   private static native void nativeDestroy(long handle);
+
+  private static native void nativeSave(long handle, String path) throws IOException;
+
+  private static native long nativeLoad(String path, boolean strict) throws IOException;
+
+  private static native long[] nativeShape(long handle);
 }
