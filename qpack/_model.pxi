@@ -2,6 +2,21 @@
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
+from cpython.buffer cimport PyBuffer_FillInfo
+
+
+cdef class _HeapSection:
+    """A writable buffer over a DATA section of a model read into memory
+    (mmap=False): the core's private heap copy of the file, kept alive here."""
+    cdef object owner
+    cdef char* ptr
+    cdef Py_ssize_t size
+
+    def __getbuffer__(self, Py_buffer* buf, int flags):
+        PyBuffer_FillInfo(buf, self, self.ptr, self.size, 0, flags)
+
+    def __releasebuffer__(self, Py_buffer* buf):
+        pass
 
 
 def save_model(str path, linears, convs, graphs, bytes host, data, bint with_originals):
@@ -112,17 +127,21 @@ cdef class ModelHandle:
         check_status(qpack_model_data(self._m, index, &data, &size, &offset))
         return int(offset), int(size)
 
-    def data_bytes(self, int index):
-        """A writable copy of DATA section `index`."""
+    def data_heap_view(self, int index):
+        """A writable buffer over DATA section `index` in the core's own copy of
+        the file (a model loaded without mmap: its bytes are private to this
+        process and never read again by the core)."""
+        if self.info["mapped"]:
+            raise InvalidArgumentError("the model is mapped read-only; map its DATA copy-on-write instead")
         cdef const void* data = NULL
         cdef size_t size = 0
         cdef uint64_t offset = 0
         check_status(qpack_model_data(self._m, index, &data, &size, &offset))
-        out = bytearray(size)
-        cdef unsigned char[::1] v = out
-        if size > 0:
-            memcpy(&v[0], data, size)
-        return out
+        cdef _HeapSection view = _HeapSection.__new__(_HeapSection)
+        view.owner = self
+        view.ptr = <char*>data
+        view.size = size
+        return view
 
     def host(self):
         """A copy of the host section's bytes (b"" when there is none)."""

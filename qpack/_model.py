@@ -212,13 +212,13 @@ def load(path, *, mmap=True, verify=True, strict=False):
 
 def _data_buffers(m, fd, mmap):
     """Writable buffers over the file's DATA sections: views of one
-    copy-on-write mapping (pages shared between processes until written), or
-    copies when mmap is False."""
+    copy-on-write mapping (pages shared between processes until written), or,
+    when mmap is False, of the core's private copy of the file (no second copy)."""
     n = m.info["num_data"]
     if n == 0:
         return []
     if not mmap:
-        return [m.data_bytes(i) for i in range(n)]
+        return [np.frombuffer(m.data_heap_view(i), dtype=np.uint8) for i in range(n)]
     mm = _mmap.mmap(fd, 0, access=_mmap.ACCESS_COPY)
     whole = np.frombuffer(mm, dtype=np.uint8)
     out = []

@@ -118,16 +118,19 @@ uint8_t* thread_workspace(size_t size) {
   struct Deleter {
     void operator()(uint8_t* p) const { std::free(p); }
   };
+  // 64 readable bytes before and after: QNNPACK's kernels read up to 7 bytes
+  // before a row and past its end (alignment stays 64).
+  constexpr size_t kGuard = 64;
   thread_local std::unique_ptr<uint8_t, Deleter> buffer;
   thread_local size_t capacity = 0;
   if (capacity < size) {
     void* p = nullptr;
-    check(posix_memalign(&p, 64, size) == 0 && p != nullptr, QPACK_STATUS_OUT_OF_MEMORY,
-          "could not allocate a ", size, "-byte graph workspace");
+    check(posix_memalign(&p, 64, size + 2 * kGuard) == 0 && p != nullptr,
+          QPACK_STATUS_OUT_OF_MEMORY, "could not allocate a ", size, "-byte graph workspace");
     buffer.reset(static_cast<uint8_t*>(p));
     capacity = size;
   }
-  return buffer.get();
+  return buffer.get() + kGuard;
 }
 
 // [N, rows, cols] -> [N, cols, rows] ([N, C, HW] <-> [N, HW, C]), in tiles

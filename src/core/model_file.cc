@@ -621,6 +621,7 @@ std::shared_ptr<Model> load_model(const std::string& path, const LoadOptions& op
                   c.weight_scales.size() * 4);
     }
     c.bias = r.get_vec<float>(kMaxChannels, "bias count");
+    r.expect(c.bias.empty() || static_cast<int64_t>(c.bias.size()) == geometry[1], "bias count");
     c.clamp_min = r.get<float>();
     c.clamp_max = r.get<float>();
     c.input_scale = r.get<float>();
@@ -635,9 +636,7 @@ std::shared_ptr<Model> load_model(const std::string& path, const LoadOptions& op
     form.same_build = same_build[c.backend];
     form.other_build = other[c.backend];
     form.what = path + ": " + what + " (" + (kind == 0 ? "linear" : "conv2d") + ")";
-    const uint8_t* original =
-        original_section >= 0 ? base + table[original_section].offset : nullptr;
-    const uint64_t original_size = original_section >= 0 ? table[original_section].size : 0;
+    const Blob original = original_section >= 0 ? blob(table[original_section]) : Blob{};
 
     // The spec, validated as the create calls validate their parameters.
     try {
@@ -648,7 +647,7 @@ std::shared_ptr<Model> load_model(const std::string& path, const LoadOptions& op
         p.out_features = geometry[1];
         c.fill(&p);
         LinearSpec spec = make_linear_spec(p, false);
-        r.expect(original == nullptr || original_size == spec.weight_nbytes(), "original size");
+        r.expect(original.size == 0 || original.size == spec.weight_nbytes(), "original size");
         model->ops.push_back(ModelOp{std::make_shared<Linear>(std::move(spec), form, original), nullptr});
       } else {
         qpack_conv2d_params p;
@@ -660,12 +659,15 @@ std::shared_ptr<Model> load_model(const std::string& path, const LoadOptions& op
         for (int k = 0; k < 13; ++k) *g[k] = geometry[k];
         c.fill(&p);
         ConvSpec spec = make_conv_spec(p, false);
-        r.expect(original == nullptr || original_size == spec.weight_nbytes(), "original size");
+        r.expect(original.size == 0 || original.size == spec.weight_nbytes(), "original size");
         model->ops.push_back(ModelOp{nullptr, std::make_shared<Conv>(std::move(spec), form, original)});
       }
     } catch (const Error& e) {
       if (e.status() == QPACK_STATUS_INVALID_ARGUMENT || e.status() == QPACK_STATUS_INVALID_TYPE) {
         bad(what, " has invalid parameters (", e.what(), ")", refreeze);
+      }
+      if (e.status() == QPACK_STATUS_UNSUPPORTED) {
+        bad(what, " cannot be loaded by this build (", e.what(), ")");
       }
       throw;
     }

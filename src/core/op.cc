@@ -44,30 +44,35 @@ void not_run(const OpSpec& spec, OpKind op) {
 
 void OriginalWeights::keep(const void* weight, size_t nbytes) {
   const auto* bytes = static_cast<const uint8_t*>(weight);
+  auto copy = std::make_shared<std::vector<uint8_t>>(bytes, bytes + nbytes);
+  keep_view(Blob{copy, copy->data(), copy->size()});
+}
+
+void OriginalWeights::keep_view(Blob view) {
   std::lock_guard<std::mutex> lock(mutex_);
-  bytes_.assign(bytes, bytes + nbytes);
+  bytes_ = std::move(view);
 }
 
 void OriginalWeights::release() {
-  std::vector<uint8_t> dropped;  // freed outside the lock
+  Blob dropped;  // freed outside the lock
   std::lock_guard<std::mutex> lock(mutex_);
-  dropped.swap(bytes_);
+  std::swap(dropped, bytes_);
 }
 
 bool OriginalWeights::held() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return !bytes_.empty();
+  return bytes_.size > 0;
 }
 
 size_t OriginalWeights::nbytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return bytes_.size();
+  return bytes_.size;
 }
 
 bool OriginalWeights::copy_to(void* out) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (bytes_.empty()) return false;
-  std::memcpy(out, bytes_.data(), bytes_.size());
+  if (bytes_.size == 0) return false;
+  std::memcpy(out, bytes_.data, bytes_.size);
   return true;
 }
 

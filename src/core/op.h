@@ -163,10 +163,12 @@ class Kernel {
   mutable Counters counters_;  // kernels are const; counting is not state
 };
 
-// The original weight bytes while retained. Thread-safe; runs never touch it.
+// The original weight bytes while retained: a copy, or a view of a mapped
+// model file (shared between processes). Thread-safe; runs never touch it.
 class OriginalWeights {
  public:
   void keep(const void* weight, size_t nbytes);
+  void keep_view(Blob view);
   void release();          // idempotent
   bool held() const;
   size_t nbytes() const;   // 0 once released
@@ -175,7 +177,7 @@ class OriginalWeights {
 
  private:
   mutable std::mutex mutex_;
-  std::vector<uint8_t> bytes_;  // empty once released (weights are never empty)
+  Blob bytes_;  // empty once released (weights are never empty)
 };
 
 // bias [channels] into out, zeros when there is no bias.

@@ -26,13 +26,13 @@ class PackedOp {
     if (retain) original_.keep(weight, spec_.weight_nbytes());
   }
   // An op loaded from a model file: its packed form, and the original weight
-  // when the file kept it (spec_.weight_nbytes() bytes, else null).
-  PackedOp(Spec spec, const SavedForm& form, const void* original) : spec_(std::move(spec)) {
+  // when the file kept it (a view of spec_.weight_nbytes() bytes, else empty).
+  PackedOp(Spec spec, const SavedForm& form, const Blob& original) : spec_(std::move(spec)) {
     const auto& support = backend(spec_.backend).template support<KernelT>();
     check(support.load != nullptr, QPACK_STATUS_UNSUPPORTED, form.what,
           " cannot be loaded: its backend cannot load saved ", op_name(Spec::kind), "s");
     kernel_ = support.load(spec_, form);
-    if (original != nullptr) original_.keep(original, spec_.weight_nbytes());
+    if (original.size > 0) original_.keep_view(original);
   }
 
   const Spec& spec() const { return spec_; }

@@ -70,12 +70,14 @@ uint8_t* quantize_buffer(size_t size) {
     std::unique_ptr<uint8_t[]> data;
     size_t size = 0;
   };
+  // QNNPACK's kernels read up to 7 bytes before a row and past its end: 16
+  // readable bytes on both sides (as PyTorch's mobile allocator keeps).
   thread_local Buffer buffer;
-  if (buffer.size < size) {
-    buffer.data.reset(new uint8_t[size]);
-    buffer.size = size;
+  if (buffer.size < size + 32) {
+    buffer.data.reset(new uint8_t[size + 32]);
+    buffer.size = size + 32;
   }
-  return buffer.data.get();
+  return buffer.data.get() + 16;
 }
 
 namespace {

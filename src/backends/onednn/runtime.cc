@@ -359,12 +359,20 @@ BlockedLayout BlockedLayout::parse(const std::vector<uint8_t>& bytes, const std:
   // Every element inside the packed bytes: the largest offset is reached at
   // the last index of each dimension (offsets grow with every index).
   const size_t elem = l.data_type == static_cast<uint32_t>(dnnl::memory::data_type::f32) ? 4 : 1;
+  // Checked arithmetic: a hostile layout (dims 2^31, strides 2^40, six blocks
+  // of 4096) overflows int64.
+  const char* outside = "element offsets (outside the packed bytes)";
   int64_t max_off = 0;
-  for (int d = 0; d < l.ndims; ++d) max_off += ((l.dims[d] - 1) / dim_block[d]) * l.strides[d];
+  for (int d = 0; d < l.ndims; ++d) {
+    int64_t term = 0;
+    r.expect(!__builtin_mul_overflow((l.dims[d] - 1) / dim_block[d], l.strides[d], &term) &&
+                 !__builtin_add_overflow(max_off, term, &max_off),
+             outside);
+  }
   int64_t inner = 1;
-  for (int i = 0; i < l.nblks; ++i) inner *= l.blks[i];
-  max_off += inner - 1;
-  r.expect(static_cast<uint64_t>(max_off + 1) * elem <= l.size, "element offsets (outside the packed bytes)");
+  for (int i = 0; i < l.nblks; ++i) r.expect(!__builtin_mul_overflow(inner, l.blks[i], &inner), outside);
+  r.expect(!__builtin_add_overflow(max_off, inner - 1, &max_off), outside);
+  r.expect(static_cast<uint64_t>(max_off) < l.size / elem, outside);
   return l;
 }
 

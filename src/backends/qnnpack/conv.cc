@@ -38,9 +38,11 @@ int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 // Per-thread scratch for layout copies around the kernel (grows, never shrinks).
 uint8_t* thread_scratch(int which, size_t size) {
+  // QNNPACK's kernels read up to 7 bytes before a row (and past its end):
+  // 16 readable bytes on both sides, as PyTorch's mobile allocator keeps.
   thread_local std::vector<uint8_t> buffers[2];
-  if (buffers[which].size() < size) buffers[which].resize(size);
-  return buffers[which].data();
+  if (buffers[which].size() < size + 32) buffers[which].resize(size + 32);
+  return buffers[which].data() + 16;
 }
 
 class QnnpackConv final : public ConvKernel {

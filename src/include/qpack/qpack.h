@@ -218,7 +218,11 @@ QPACK_API qpack_status qpack_linear_close(qpack_linear* linear);
 QPACK_API qpack_status qpack_linear_run_f32(const qpack_linear* linear, int64_t batch,
                                             const float* x, float* y_out);
 /* INT8_STATIC: x [batch, K] uint8 with (input_scale, input_zero_point)
- * -> y [batch, N] uint8 with the object's output scale and zero point. */
+ * -> y [batch, N] uint8 with the object's output scale and zero point.
+ * QNNPACK's kernels read (and ignore) up to 8 bytes before and after the
+ * rows of a uint8 input, as PyTorch's own buffers allow: x must not start
+ * at the first byte of a mapping (malloc'd and stack buffers are fine);
+ * qpack's internal buffers keep 16 readable bytes on both sides. */
 QPACK_API qpack_status qpack_linear_run_u8(const qpack_linear* linear, int64_t batch,
                                            const uint8_t* x, float input_scale,
                                            int32_t input_zero_point, uint8_t* y_out);
