@@ -34,6 +34,8 @@ step "host prefix $prefix: python and the recipe's host requirements, no oneDNN 
 "${PYTHON3:-python3}" -m venv "$prefix"
 "$prefix/bin/python" -m pip install -q "scikit-build-core>=0.10" "cython>=3.0" "numpy>=1.22" \
   ninja "cmake>=3.18"
+# The recipe's run requirements besides numpy and oneDNN (python-xxhash, click, tqdm).
+"$prefix/bin/python" -m pip install -q "xxhash>=3" "click>=8" "tqdm>=4"
 
 step "oneDNN's files from the wheels in $onednn_from, copied into the prefix as conda lays them out"
 "$prefix/bin/python" - "$onednn_from" "$prefix" <<'EOF'

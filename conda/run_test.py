@@ -1,4 +1,5 @@
-"""The conda package's own test (conda/recipe.yaml, tests:), numpy only.
+"""The conda package's own test (conda/recipe.yaml, tests:), numpy only (and qpack's run
+requirements).
 
 Also run against the wheel build by tests/python/test_conda_recipe.py and against
 the conda-prefix build by conda/check_prefix_build.sh.
@@ -33,5 +34,15 @@ with qpack.PackedLinear(w8, weight_scale=0.02, backend="qnnpack", retain=False,
     assert yq.shape == (4, 16) and yq.dtype == np.uint8
     w8_back, _ = q.unpack()
     assert (np.asarray(w8_back) == w8).all()
+
+    # A packed model file: saved, loaded mapped, the same outputs.
+    import os
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "q.qpk")
+        q.save(path)
+        loaded = qpack.load(path)
+        assert (loaded(x8, scale=0.05, zero_point=128) == yq).all()
+        del loaded
 
 print("qpack conda test: ok")
