@@ -740,39 +740,40 @@ def attach(model, qparams=None):
     return runner
 
 
-def _graph_module_reduce(self):
-    runner = self.__dict__.pop("forward", None)
+def _without_runner(gm, make):
+    """make() with gm's GraphRunner out of its __dict__ (put back after), and
+    the runner (None when there was none)."""
+    runner = gm.__dict__.pop("forward", None)
     try:
-        fn, args = torch.fx.GraphModule.__reduce__(self)
+        return make(), runner if isinstance(runner, GraphRunner) else None
     finally:
         if runner is not None:
-            self.__dict__["forward"] = runner
-    qparams = runner._qparams if isinstance(runner, GraphRunner) else None
-    return (_restore_graph_module, (fn, args, isinstance(runner, GraphRunner), qparams))
+            gm.__dict__["forward"] = runner
+
+
+def _reattach(gm, qparams):
+    try:
+        attach(gm, qparams)
+    except Unsupported:
+        pass  # layer by layer, as it ran before it was frozen to a graph
+
+
+def _graph_module_reduce(self):
+    (fn, args), runner = _without_runner(self, lambda: torch.fx.GraphModule.__reduce__(self))
+    return (_restore_graph_module, (fn, args, runner is not None, runner._qparams if runner is not None else None))
 
 
 def _graph_module_deepcopy(self, memo):
-    runner = self.__dict__.pop("forward", None)
-    try:
-        new = torch.fx.GraphModule.__deepcopy__(self, memo)
-    finally:
-        if runner is not None:
-            self.__dict__["forward"] = runner
-    if isinstance(runner, GraphRunner):
-        try:
-            attach(new, copy.deepcopy(runner._qparams, memo))
-        except Unsupported:
-            pass
+    new, runner = _without_runner(self, lambda: torch.fx.GraphModule.__deepcopy__(self, memo))
+    if runner is not None:
+        _reattach(new, copy.deepcopy(runner._qparams, memo))
     return new
 
 
 def _restore_graph_module(fn, args, had_runner, qparams):
     gm = fn(*args)
     if had_runner:
-        try:
-            attach(gm, qparams)
-        except Unsupported:
-            pass  # layer by layer, as it ran before it was frozen to a graph
+        _reattach(gm, qparams)
     return gm
 
 

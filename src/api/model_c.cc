@@ -197,9 +197,7 @@ qpack_status qpack_model_graph(const qpack_model* model, int32_t index, qpack_gr
     qpack::check(index >= 0 && static_cast<size_t>(index) < m.graphs.size(),
                  QPACK_STATUS_INVALID_ARGUMENT, "graph index ", index, " is out of range [0, ",
                  m.graphs.size(), ")");
-    auto* h = new qpack_graph;
-    h->impl = m.graphs[static_cast<size_t>(index)];
-    *graph_out = h;
+    *graph_out = new_handle<qpack_graph, qpack::Graph>(m.graphs[static_cast<size_t>(index)]);
   });
 }
 
@@ -275,9 +273,7 @@ qpack_status qpack_graph_load(const char* path, const qpack_load_options* option
                   [](const qpack::Model& m, const std::string& p, const char* what) {
                     qpack::check(!m.graphs.empty(), QPACK_STATUS_INVALID_ARGUMENT, p,
                                  " holds no ", what, "; use qpack_model_load");
-                    auto* h = new qpack_graph;
-                    h->impl = m.graphs[0];
-                    return h;
+                    return new_handle<qpack_graph, qpack::Graph>(m.graphs[0]);
                   });
 }
 
