@@ -79,6 +79,15 @@ def _mode_list(unsigned bits):
     return [name for name, m in MODES.items() if bits & (1u << m)]
 
 
+def _graph_op_list(unsigned nodes, unsigned acts):
+    kinds = {"add": QPACK_NODE_ADD, "maxpool2d": QPACK_NODE_MAXPOOL2D, "avgpool2d": QPACK_NODE_AVGPOOL2D,
+             "global_avgpool": QPACK_NODE_GLOBAL_AVGPOOL}
+    activations = {"relu": QPACK_ACT_RELU, "clamp": QPACK_ACT_CLAMP, "sigmoid": QPACK_ACT_SIGMOID,
+                   "hardswish": QPACK_ACT_HARDSWISH}
+    return ([k for k, v in kinds.items() if nodes & (1u << v)] +
+            [f"activation:{k}" for k, v in activations.items() if acts & (1u << v)])
+
+
 def backend_infos():
     """What the core's registry reports for every backend qpack knows, in AUTO order."""
     cdef qpack_backend_info b
@@ -91,7 +100,8 @@ def backend_infos():
                     "compiled": bool(b.compiled), "available": bool(b.available),
                     "version": buf.decode("utf-8", "replace"),
                     "asymmetric_weights": bool(b.asymmetric_weights),
-                    "linear": _mode_list(b.linear_modes), "conv2d": _mode_list(b.conv2d_modes)})
+                    "linear": _mode_list(b.linear_modes), "conv2d": _mode_list(b.conv2d_modes),
+                    "graph_ops": _graph_op_list(b.graph_nodes, b.graph_activations)})
     return out
 
 

@@ -164,5 +164,14 @@ cdef class GraphHandle:
                 "nbytes_packed": i.nbytes_packed, "nbytes_workspace": i.nbytes_workspace,
                 "plans_built": i.plans_built, "runs": i.runs}
 
+    def node_backends(self):
+        """Where each node runs: "qnnpack", "onednn" or "qpack" (the core's C++ code)."""
+        cdef char buf[64]
+        out = []
+        for i in range(self.info()["num_nodes"]):
+            check_status(qpack_graph_node_backend(self._h, i, buf, sizeof(buf)))
+            out.append(buf.decode("ascii"))
+        return out
+
     def close(self):
         check_status(qpack_graph_close(self._h))

@@ -35,7 +35,7 @@ def backends():
     """What each backend is and supports, as the core's registry reports it.
 
     {name: {"available", "compiled", "version", "linear": [modes],
-    "conv2d": [modes], "weight_quantization": [...]}}, in the order
+    "conv2d": [modes], "graph_ops": [node kinds], "weight_quantization": [...]}}, in the order
     backend="auto" prefers them."""
     out = {}
     for b in _core.backend_infos():
@@ -45,6 +45,8 @@ def backends():
             "version": b["version"],
             "linear": b["linear"],
             "conv2d": b["conv2d"],
+            # u8 frozen-graph nodes run on the backend's own operators (graph_report says which)
+            "graph_ops": b["graph_ops"],
             "weight_quantization": (["per_tensor_affine", "per_channel_affine"] if b["asymmetric_weights"]
                                     else ["per_tensor_symmetric", "per_channel_symmetric"]),
         }
@@ -56,7 +58,8 @@ def build_info():
     return {
         "version": _core.version(),
         # frozen-graph nodes: conv2d/linear run on a backend's kernels, the
-        # others in the core's own C++ whatever the backend
+        # others on the backend's own operators where it has them
+        # (backends()[name]["graph_ops"]), else in the core's own C++
         "graph_nodes": sorted(_core.NODE_KINDS),
         "mobile": _core.build_mobile(),
         "default_retain": _core.get_default_retain(),

@@ -52,6 +52,8 @@ cdef extern from "qpack/qpack.h" nogil:
         int asymmetric_weights
         unsigned linear_modes
         unsigned conv2d_modes
+        unsigned graph_nodes
+        unsigned graph_activations
 
     int qpack_backend_count()
     qpack_status qpack_backend_get_info(int index, qpack_backend_info* info_out)
@@ -276,6 +278,7 @@ cdef extern from "qpack/qpack.h" nogil:
                                  const qpack_tensor* inputs, int32_t num_outputs,
                                  qpack_tensor* outputs)
     qpack_status qpack_graph_get_info(const qpack_graph* graph, qpack_graph_info* info_out)
+    qpack_status qpack_graph_node_backend(const qpack_graph* graph, int32_t index, char* buf, size_t size)
 
     # ---- packed model files ----
     ctypedef struct qpack_model:

@@ -670,7 +670,8 @@ class GraphRunner:
                 lines.append(f"segment {si}: {len(seg.spec['inputs'])} input(s), {len(seg.spec['outputs'])} "
                              "output(s), PyTorch around it")
             values = seg.spec["values"]
-            for n in seg.spec["nodes"]:
+            runs_on = seg.graph().node_backends()
+            for ni, n in enumerate(seg.spec["nodes"]):
                 dt, sc, zp = values[n["output"]]
                 q = f" scale={sc:.6g} zp={zp}" if dt == "u8" else ""
                 extra = ""
@@ -685,6 +686,8 @@ class GraphRunner:
                     extra += f" packed={layer.nbytes_packed}B"
                 elif n.get("activation"):
                     extra = f" +{n['activation']}"
+                if "layer_index" not in n:  # a backend's own operator, or qpack's C++ code
+                    extra += f" backend={runs_on[ni]}"
                 ins = ",".join(str(i) for i in n["inputs"])
                 lines.append(f"{n['kind']:<15} ({ins}) -> {n['output']} {dt}{q} NHWC/NC{extra}")
         info = self.info()

@@ -1,6 +1,7 @@
 // extern "C" surface of frozen graphs (qpack_graph_*).
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "api/handle.h"
@@ -117,6 +118,17 @@ qpack_status qpack_graph_get_info(const qpack_graph* graph, qpack_graph_info* in
     info_out->nbytes_workspace = g->nbytes_workspace();
     info_out->plans_built = g->counters().states_built.load();
     info_out->runs = g->counters().runs.load();
+  });
+}
+
+qpack_status qpack_graph_node_backend(const qpack_graph* graph, int32_t index, char* buf,
+                                      size_t size) {
+  return api::guarded([&] {
+    qpack::check(buf != nullptr && size > 0, QPACK_STATUS_INVALID_ARGUMENT, "buffer is NULL");
+    qpack::check(index >= 0, QPACK_STATUS_INVALID_ARGUMENT, "node index ", index, " is negative");
+    const std::string name = api::live(graph, kWhat)->node_backend(static_cast<size_t>(index));
+    std::strncpy(buf, name.c_str(), size - 1);
+    buf[size - 1] = '\0';
   });
 }
 

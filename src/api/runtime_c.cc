@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "api/guard.h"
 #include "core/error.h"
@@ -79,6 +80,16 @@ qpack_status qpack_backend_get_info(int index, qpack_backend_info* info_out) {
     info_out->asymmetric_weights = b.ops.asymmetric_weights ? 1 : 0;
     info_out->linear_modes = qpack::op_modes(b, qpack::OpKind::linear);
     info_out->conv2d_modes = qpack::op_modes(b, qpack::OpKind::conv2d);
+    const qpack::GraphOps& g = b.ops.graph;
+    const std::pair<qpack::GraphOps::Make, qpack_node_kind> nodes[] = {
+        {g.add, QPACK_NODE_ADD}, {g.max_pool, QPACK_NODE_MAXPOOL2D}, {g.avg_pool, QPACK_NODE_AVGPOOL2D},
+        {g.global_avg_pool, QPACK_NODE_GLOBAL_AVGPOOL}};
+    const std::pair<qpack::GraphOps::Make, qpack_activation> acts[] = {
+        {g.clamp, QPACK_ACT_RELU}, {g.clamp, QPACK_ACT_CLAMP}, {g.sigmoid, QPACK_ACT_SIGMOID},
+        {g.hardswish, QPACK_ACT_HARDSWISH}};
+    for (const auto& e : nodes) info_out->graph_nodes |= e.first ? 1u << e.second : 0u;
+    for (const auto& e : acts) info_out->graph_activations |= e.first ? 1u << e.second : 0u;
+    if (info_out->graph_activations != 0) info_out->graph_nodes |= 1u << QPACK_NODE_ACTIVATION;
   });
 }
 

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/quant.h"
+#include "core/registry.h"
 
 namespace qpack {
 
@@ -370,6 +371,59 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
     check_value(v, "output");
     check(ready[v], QPACK_STATUS_INVALID_ARGUMENT, "output value ", v, " is never produced");
   }
+  attach_backend_ops();
+}
+
+void Graph::attach_backend_ops() {
+  bool mixed = false;
+  for (const auto& n : nodes_) {
+    const OpSpec* s = n.conv ? static_cast<const OpSpec*>(&n.conv->spec())
+                             : n.linear ? static_cast<const OpSpec*>(&n.linear->spec()) : nullptr;
+    if (s == nullptr || !s->static_int8()) continue;
+    mixed = mixed || (backend_ != QPACK_BACKEND_AUTO && backend_ != s->backend);
+    backend_ = s->backend;
+  }
+  if (mixed) backend_ = QPACK_BACKEND_AUTO;
+  // QPACK_GRAPH_BACKEND_OPS=0: every such node in the C++ code (to compare, or to work around).
+  static const bool off = [] {
+    const char* e = std::getenv("QPACK_GRAPH_BACKEND_OPS");
+    return e != nullptr && std::string(e) == "0";
+  }();
+  if (backend_ == QPACK_BACKEND_AUTO || off) return;
+  const GraphOps& ops = backend(backend_).ops.graph;
+  for (auto& n : nodes_) {
+    if (values_[n.in[0]].dtype != QPACK_DTYPE_U8 || values_[n.out].dtype != QPACK_DTYPE_U8) continue;
+    GraphOpDesc d;
+    d.kind = n.kind;
+    d.act = n.act;
+    d.act_min = n.act_min;
+    d.act_max = n.act_max;
+    std::copy(n.kernel, n.kernel + 2, d.kernel);
+    std::copy(n.stride, n.stride + 2, d.stride);
+    std::copy(n.pad, n.pad + 4, d.pad);
+    d.ceil_mode = n.ceil_mode;
+    d.count_include_pad = n.count_include_pad;
+    const GraphValue& x = values_[n.in[0]];
+    const GraphValue& x1 = values_[n.in.size() > 1 ? n.in[1] : n.in[0]];
+    d.x = QParams{x.scale, x.zero_point};
+    d.x1 = QParams{x1.scale, x1.zero_point};
+    d.y = QParams{values_[n.out].scale, values_[n.out].zero_point};
+    if (GraphOps::Make make = ops.entry(d)) n.backend_op = make(d);
+  }
+}
+
+std::string Graph::node_backend(size_t i) const {
+  check(i < nodes_.size(), QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " is outside [0, ",
+        nodes_.size(), ")");
+  const GraphNode& n = nodes_[i];
+  if (n.conv) return backend(n.conv->spec().backend).name;
+  if (n.linear) return backend(n.linear->spec().backend).name;
+  if (!n.backend_op) return "qpack";
+  const std::string name = backend(backend_).name;
+  bool native = false, fallback = false;
+  for (const auto& p : plans_.entries()) (p->on_backend[i] ? native : fallback) = true;
+  if (fallback && !native) return "qpack";
+  return fallback ? name + ", qpack for some shapes" : name;
 }
 
 size_t Graph::nbytes_packed() const {
@@ -507,6 +561,11 @@ GraphPlan Graph::make_plan(const qpack_tensor* inputs) const {
     p.external[inputs_[i]] = !nchw || direct;
   }
   for (const auto& n : nodes_) p.shapes[n.out] = infer(n, p.shapes);
+  p.on_backend.assign(nodes_.size(), false);
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const GraphNode& n = nodes_[i];
+    p.on_backend[i] = n.backend_op && n.backend_op->accepts(p.shapes[n.in[0]], p.shapes[n.out]);
+  }
   // A quantize of an NCHW input whose readers are all convolutions keeps NCHW:
   // the convolution converts u8 (oneDNN's reorder), a quarter of the f32 bytes.
   for (const auto& n : nodes_) {
@@ -672,8 +731,9 @@ void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* output
     run_node(nodes_[i], *plan, ptrs.data());
     const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     const Shape& s = plan->shapes[nodes_[i].out];
-    std::fprintf(stderr, "qpack graph node %zu %s %s %.1f us\n", i, kind_name(nodes_[i].kind),
-                 shape_str(s).c_str(), us);
+    std::fprintf(stderr, "qpack graph node %zu %s %s%s %.1f us\n", i, kind_name(nodes_[i].kind),
+                 shape_str(s).c_str(),
+                 plan->on_backend[i] ? (std::string(" on ") + backend(backend_).name).c_str() : "", us);
   }
   for (int i = 0; i < num_outputs; ++i) {
     if (written[i]) continue;
@@ -702,6 +762,10 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
   auto* xf = reinterpret_cast<const float*>(x);
   auto* yf = reinterpret_cast<float*>(y);
   if (count == 0) return;
+  if (plan.on_backend[static_cast<size_t>(&n - nodes_.data())]) {  // the backend's own operator
+    n.backend_op->run(xs, ys, x, n.in.size() > 1 ? ptrs[n.in[1]] : nullptr, y);
+    return;
+  }
 
   switch (n.kind) {
     case QPACK_NODE_CONV2D: {

@@ -11,9 +11,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/cow_cache.h"
+#include "core/graph_op.h"
 #include "core/op.h"
 #include "core/packed_op.h"
 #include "qpack/qpack.h"
@@ -38,14 +40,7 @@ struct GraphNode {
   float act_min = 0, act_max = 0;
   std::vector<float> affine_scale, affine_shift;
   std::vector<uint8_t> lut;  // u8 ACTIVATION: output for each input byte
-};
-
-// Logical dims of a value (rank-4: N, C, H, W whatever the storage).
-struct Shape {
-  int rank = 0;
-  int64_t d[4] = {0, 0, 0, 0};
-  int64_t numel() const;
-  bool operator==(const Shape& o) const;
+  std::shared_ptr<const GraphOp> backend_op;  // u8 node on the graph's backend's own operator
 };
 
 // One plan: what a run with these input shapes computes and where.
@@ -56,6 +51,7 @@ struct GraphPlan {
   std::vector<size_t> offsets;    // per value: byte offset in the workspace
   std::vector<bool> external;     // per value: a graph input used in the caller's memory
   std::vector<bool> nchw;         // per value: an NCHW input its consumers read as it is
+  std::vector<bool> on_backend;   // per node: runs on its backend_op (which takes these shapes)
   size_t workspace = 0;
 };
 
@@ -81,6 +77,10 @@ class Graph {
   size_t nbytes_packed() const;
   size_t nbytes_workspace() const { return max_workspace_.load(); }
   const Counters& counters() const { return counters_; }
+  // Where node i runs: a backend's name ("qnnpack", "onednn": its packed
+  // op's kernels or the backend's own operator) or "qpack" (the core's C++
+  // code); "qnnpack, qpack for some shapes" when plans made so far differ.
+  std::string node_backend(size_t i) const;
 
  private:
   // The plan for these inputs, once the output count was checked.
@@ -89,10 +89,14 @@ class Graph {
   GraphPlan make_plan(const qpack_tensor* inputs) const;
   Shape infer(const GraphNode& n, const std::vector<Shape>& shapes) const;
   void run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* ptrs) const;
+  // The backend of the static int8 ops (when they agree) and its operators
+  // for the u8 nodes it takes (GraphNode::backend_op).
+  void attach_backend_ops();
 
   std::vector<GraphValue> values_;
   std::vector<GraphNode> nodes_;
   std::vector<int> inputs_, outputs_;
+  qpack_backend backend_ = QPACK_BACKEND_AUTO;  // AUTO: no static int8 op, or mixed backends
   mutable Counters counters_;  // states_built: plans; runs
   mutable std::atomic<size_t> max_workspace_{0};
   CowCache<GraphPlan> plans_{8, &counters_};

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/conv.h"
+#include "core/graph_op.h"
 #include "core/linear.h"
 #include "qpack/qpack.h"
 
@@ -41,6 +42,9 @@ struct BackendOps {
   std::string (*isa)() = nullptr;
   OpSupport<LinearKernel> linear;
   OpSupport<ConvKernel> conv2d;
+  // Its own operators for u8 graph nodes (add, pools, activations): graphs
+  // whose static int8 ops run on this backend run those nodes on them.
+  GraphOps graph;
 };
 
 struct Backend {

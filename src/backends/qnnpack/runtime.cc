@@ -164,6 +164,7 @@ BackendOps ops() {
   o.isa = isa_name;
   o.linear = {stat | dyn, make_linear, load_linear};
   o.conv2d = {stat, make_conv, load_conv};
+  o.graph = graph_ops();
   return o;
 }
 

@@ -26,6 +26,8 @@ std::unique_ptr<LinearKernel> make_linear(const LinearSpec& spec, const void* we
 std::unique_ptr<ConvKernel> make_conv(const ConvSpec& spec, const void* weight);
 std::unique_ptr<LinearKernel> load_linear(const LinearSpec& spec, const SavedForm& form);
 std::unique_ptr<ConvKernel> load_conv(const ConvSpec& spec, const SavedForm& form);
+// QNNPACK's own operators for u8 graph nodes (graph_ops.cc).
+GraphOps graph_ops();
 // The packing code's identity and the ISA it packs for (model file header).
 std::string build_id();
 std::string isa_name();

@@ -141,6 +141,9 @@ typedef struct qpack_backend_info {
   int asymmetric_weights; /* int8 weights may have nonzero zero points */
   unsigned linear_modes;
   unsigned conv2d_modes;
+  unsigned graph_nodes;       /* bit (1u << qpack_node_kind) for each u8 graph node kind it
+                                 runs with its own operators (qpack_graph_node_backend) */
+  unsigned graph_activations; /* bit (1u << qpack_activation): the ACTIVATION nodes among them */
 } qpack_backend_info;
 
 /* Backends qpack knows, in the order AUTO prefers them (the first available
@@ -362,7 +365,11 @@ QPACK_API qpack_status qpack_conv2d_get_stats(const qpack_conv2d* conv,
  * to even, plus the zero point, clamped to [0, 255] (QUANTIZE multiplies by
  * 1 / scale instead, as dynamic quantization does); u8 nodes other than
  * conv/linear compute in float on dequantized inputs (ACTIVATION through a
- * 256-entry table made at create).
+ * 256-entry table made at create). In a graph whose static int8 ops run on
+ * QNNPACK, u8 add, pooling, clamp, sigmoid and hardswish nodes run on
+ * QNNPACK's own operators where it takes their parameters
+ * (qpack_graph_node_backend says which), with QNNPACK's rounding: within one
+ * quantum of the above (src/backends/qnnpack/graph_ops.cc documents each).
  *
  * Threads: runs take no lock; each call has its own workspace (buffers
  * planned by liveness). Plans are cached per input shape (8 at most).
@@ -480,6 +487,16 @@ QPACK_API qpack_status qpack_graph_run(const qpack_graph* graph, int32_t num_inp
                                        qpack_tensor* outputs);
 /* Works on a closed graph too (closed = 1, every other field 0). */
 QPACK_API qpack_status qpack_graph_get_info(const qpack_graph* graph, qpack_graph_info* info_out);
+/* Where node `index` runs, NUL-terminated in buf (truncated to size - 1):
+ * "qnnpack" or "onednn" (a conv/linear's packed kernels; for the u8 add,
+ * pooling, clamp, sigmoid and hardswish nodes of a graph whose static int8
+ * ops run on QNNPACK, QNNPACK's own operators where it takes the node's
+ * parameters), or "qpack" (qpack's C++ code). A node QNNPACK takes for some
+ * of the input shapes planned so far reads "qnnpack, qpack for some shapes".
+ * QPACK_GRAPH_BACKEND_OPS=0 in the environment at graph creation keeps every
+ * such node in qpack's C++ code. */
+QPACK_API qpack_status qpack_graph_node_backend(const qpack_graph* graph, int32_t index, char* buf,
+                                                size_t size);
 
 /* ---- packed model files (.qpk) -------------------------------------- */
 /*
