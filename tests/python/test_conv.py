@@ -168,6 +168,36 @@ def test_int8_grid(backend, case):
     check_int8(backend, case)
 
 
+def depthwise_cases():
+    """Static int8 depthwise convolutions around qpack's own oneDNN-backend kernel: channel
+    counts on and off its 64- and 32-channel blocks, windows up to 8x8 (and 9x9, past it),
+    strides, dilations, asymmetric padding, batches."""
+    rng = random.Random(7)
+    out = []
+    for ch in (1, 8, 16, 17, 31, 32, 33, 48, 63, 64, 65, 96, 100, 144, 200):
+        k = rng.choice([(3, 3), (3, 3), (5, 5), (7, 7), (1, 3), (8, 8), (9, 9)])
+        stride, dilation = (rng.randint(1, 2), rng.randint(1, 2)), (rng.choice([1, 1, 2]),) * 2
+        padding = (rng.randint(0, k[0] // 2), rng.randint(0, k[1] // 2))
+        eff = [d * (kk - 1) + 1 for d, kk in zip(dilation, k)]
+        hw = (max(1, eff[0] - 2 * padding[0]) + rng.randint(0, 9), max(1, eff[1] - 2 * padding[1]) + rng.randint(0, 9))
+        out.append(dict(batch=rng.randint(1, 3), cin=ch, cout=ch, groups=ch, k=k, stride=stride, padding=padding,
+                        dilation=dilation, hw=hw, bias=rng.random() < 0.7, per_channel=rng.random() < 0.7,
+                        activation=rng.choice(ACTIVATIONS), channels_last=True))
+    return out
+
+
+@pytest.mark.parametrize("case", depthwise_cases(), ids=lambda c: f"c{c['cin']}k{c['k'][0]}x{c['k'][1]}")
+def test_int8_depthwise_channels_last_matches_nchw(case):
+    """oneDNN backend, static int8 depthwise: channels-last data runs qpack's kernel (on AVX-512
+    VNNI CPUs), NCHW data oneDNN's. Both within 1 of PyTorch's x86 engine, and of each other."""
+    conv = check_int8("onednn", case)
+    w, ws, b, x = make_int8(case)
+    nhwc = conv(x, scale=0.04, zero_point=117)
+    nchw = conv(x.contiguous(), scale=0.04, zero_point=117)
+    assert nhwc.is_contiguous(memory_format=torch.channels_last) and nchw.is_contiguous()
+    assert (nhwc.to(torch.int32) - nchw.to(torch.int32)).abs().max().item() <= 1, case
+
+
 @pytest.mark.parametrize("case", cases(40, seed=2), ids=lambda c: f"g{c['groups']}k{c['k'][0]}x{c['k'][1]}")
 def test_fp32_grid(case):
     check_fp32(case)

@@ -16,12 +16,18 @@
 // only, and oneDNN's int8 depthwise kernels widen to 32 bits before they
 // multiply (no int16 pair sums), so the fused primitive is exact there
 // (tests/python/test_no_vnni.py checks it with worst-case values).
+//
+// Static int8 depthwise convolutions on channels-last data run on qpack's
+// own kernel (depthwise_u8.h) where the CPU has AVX-512 VNNI, reading the
+// weights in the layout oneDNN packed them in (checked, never assumed);
+// elsewhere, and for NCHW data, on oneDNN's.
 #include <algorithm>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "backends/onednn/depthwise_u8.h"
 #include "backends/onednn/int8_split.h"
 #include "backends/onednn/runtime.h"
 #include "core/conv.h"
@@ -43,6 +49,22 @@ struct Packed {
   std::shared_ptr<const void> keep;  // the model file mem points into, if any
   memory::desc md() const { return mem.get_desc(); }
 };
+
+// True when md is the depthwise weight [C, 1, 1, KH, KW] in blocks of 16
+// channels, [C/16][KH][KW][16] (oneDNN's Abcde16a): what depthwise_u8 reads.
+bool depthwise_blocked16(const memory::desc& md, const ConvSpec& spec) {
+  if (md.get_format_kind() != memory::format_kind::blocked || md.get_data_type() != dt::s8) {
+    return false;
+  }
+  const auto dims = md.get_dims();
+  const auto strides = md.get_strides();
+  const auto blks = md.get_inner_blks();
+  const auto idxs = md.get_inner_idxs();
+  const int64_t taps = spec.KH * spec.KW;
+  return dims == memory::dims{spec.OC, 1, 1, spec.KH, spec.KW} && md.get_inner_nblks() == 1 &&
+         blks[0] == 16 && idxs[0] == 0 && strides[0] == taps * 16 &&
+         strides[3] == spec.KW * 16 && strides[4] == 16;
+}
 
 struct Prim {
   std::shared_ptr<const Packed> weights;  // the layout this primitive was built for
@@ -176,6 +198,13 @@ class OnednnConv final : public ConvKernel {
   void do_run_u8(const ConvShape& s, const uint8_t* x, float input_scale, int32_t input_zero_point,
                  uint8_t* y) const override {
     const RunQuant rq{input_scale, input_zero_point, spec_.output_scale, spec_.output_zero_point};
+    if (own_depthwise_ && s.x_layout == QPACK_LAYOUT_NHWC && s.y_layout == QPACK_LAYOUT_NHWC) {
+      auto packed = std::atomic_load(&packed_);
+      if (depthwise_blocked16(packed->md(), spec_)) {
+        run_depthwise(s, *packed, x, rq, y);
+        return;
+      }
+    }
     if (!split_) {
       execute_conv(s, const_cast<uint8_t*>(x), y, &rq);
       return;
@@ -348,7 +377,24 @@ class OnednnConv final : public ConvKernel {
     if (copy_dst) reorder(dst_m, dst_user);
   }
 
+  void run_depthwise(const ConvShape& s, const Packed& packed, const uint8_t* x,
+                     const RunQuant& rq, uint8_t* y) const {
+    const DepthwiseU8 a{x, y, s.N, s.H, s.W, spec_.OC, s.OH, s.OW,
+                        spec_.KH, spec_.KW, spec_.stride_h, spec_.stride_w, spec_.pad_t, spec_.pad_l,
+                        spec_.dil_h, spec_.dil_w,
+                        static_cast<const int8_t*>(packed.mem.get_data_handle()),
+                        rq.src_scale, rq.src_zp, spec_.weight_scales.data(), spec_.per_channel(),
+                        spec_.bias.empty() ? nullptr : spec_.bias.data(),
+                        spec_.clamp_min, spec_.clamp_max, rq.dst_scale, rq.dst_zp};
+    depthwise_u8(a, num_threads());
+    counters_.hit();
+  }
+
   const bool split_;  // int8 without VNNI: split input, s32 primitive, C++ epilogue
+  // static int8 depthwise: qpack's kernel on channels-last data (depthwise_u8.h)
+  const bool own_depthwise_ = spec_.depthwise() && spec_.static_int8() &&
+                              depthwise_u8_fits(spec_.KH, spec_.KW) &&
+                              isa_has_avx512_vnni() && depthwise_u8_available();
   const Quant quant_;
   mutable std::shared_ptr<const Packed> packed_;  // atomic_load/store only
   mutable int relayouts_ = 0;                     // guarded by the cache's lock

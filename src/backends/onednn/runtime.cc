@@ -82,10 +82,8 @@ void* thread_buffer(ThreadBuffer which, size_t size) {
   return b.data.get();
 }
 
-bool isa_has_vnni() {
+bool isa_has_avx512_vnni() {
   switch (dnnl::get_effective_cpu_isa()) {
-    case dnnl::cpu_isa::avx2_vnni:
-    case dnnl::cpu_isa::avx2_vnni_2:
     case dnnl::cpu_isa::avx512_core_vnni:
     case dnnl::cpu_isa::avx512_core_bf16:
     case dnnl::cpu_isa::avx512_core_fp16:
@@ -93,8 +91,15 @@ bool isa_has_vnni() {
     case dnnl::cpu_isa::avx512_core_amx_fp16:
       return true;
     default:
-      return false;  // sse41, avx, avx2, avx512_core: vpmaddubsw saturates
+      return false;
   }
+}
+
+bool isa_has_vnni() {
+  const auto isa = dnnl::get_effective_cpu_isa();
+  // sse41, avx, avx2, avx512_core: vpmaddubsw saturates
+  return isa == dnnl::cpu_isa::avx2_vnni || isa == dnnl::cpu_isa::avx2_vnni_2 ||
+         isa_has_avx512_vnni();
 }
 
 void apply_num_threads() {

@@ -44,6 +44,9 @@ void* thread_buffer(ThreadBuffer which, size_t size);
 // True when the effective ISA (after ONEDNN_MAX_CPU_ISA) has VNNI or AMX, so
 // oneDNN's u8 x s8 int8 kernels do not saturate (see int8_split.h).
 bool isa_has_vnni();
+// True when the effective ISA (after ONEDNN_MAX_CPU_ISA) is AVX-512 with VNNI:
+// qpack's own kernels (depthwise_u8.h) may use it too.
+bool isa_has_avx512_vnni();
 // Applies qpack's thread count to the calling thread's OpenMP team.
 void apply_num_threads();
 std::string describe();

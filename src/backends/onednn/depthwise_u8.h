@@ -1,0 +1,46 @@
+// Static int8 depthwise convolution, channels-last, on oneDNN's packed weights.
+//
+// oneDNN 3.2's int8 depthwise kernels widen every product to 32 bits and run
+// at about 20 G MAC/s on one core here (3x3 x144 @56²: 156-210 us, its f32
+// kernel 116 us). This kernel pairs neighbouring taps of one channel as int16
+// and sums each pair with one AVX-512 VNNI instruction (vpdpwssd): u8 - 0 and
+// s8 fit in int16 and a pair sum in int32, so the result is exact, the same
+// int32 accumulator as oneDNN's. It reads the weights where oneDNN packed
+// them (blocks of 16 channels, [C/16][KH][KW][16] s8, layout Abcde16a): no
+// copy is kept; each run widens them into a per-thread scratch.
+//
+// Requantization is the one of int8_split's epilogue: real = acc * (src_scale
+// * wei_scale[c]) + bias[c], the fused clamp folded into the uint8 bounds,
+// round half to even of real / dst_scale, plus the zero point.
+#pragma once
+
+#include <cstdint>
+
+namespace qpack {
+namespace onednn_rt {
+
+struct DepthwiseU8 {
+  const uint8_t* x;   // [N][H][W][C]
+  uint8_t* y;         // [N][OH][OW][C]
+  int64_t N, H, W, C, OH, OW;
+  int64_t KH, KW, SH, SW, PT, PL, DH, DW;  // dilation 1 = dense
+  const int8_t* w;    // oneDNN Abcde16a: [ceil(C/16)][KH][KW][16]
+  float src_scale;
+  int32_t src_zero_point;
+  const float* wei_scales;  // C values, or one when !per_channel
+  bool per_channel;
+  const float* bias;        // C values, or null
+  float clamp_min, clamp_max;  // +-inf when unset
+  float dst_scale;
+  int32_t dst_zero_point;
+};
+
+// True when this CPU (and ONEDNN_MAX_CPU_ISA) allows AVX-512 with VNNI.
+bool depthwise_u8_available();
+// True when the window (KH x KW taps) is small enough for this kernel.
+bool depthwise_u8_fits(int64_t KH, int64_t KW);
+// Runs the convolution on `threads` threads (rows split evenly).
+void depthwise_u8(const DepthwiseU8& a, int threads);
+
+}  // namespace onednn_rt
+}  // namespace qpack
