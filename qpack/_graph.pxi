@@ -123,9 +123,12 @@ cdef class GraphHandle:
             qpack_graph_destroy(self._h)
             self._h = NULL
 
-    def run(self, arrays, layouts):
+    def run(self, arrays, layouts, out_layout="nhwc"):
         """arrays: C-contiguous inputs (physical order), layouts: 'nchw'|'nhwc' each.
-        Returns the outputs; rank-4 ones as physical NHWC arrays [N, H, W, C]."""
+        Returns the outputs; rank-4 ones as physical NHWC arrays [N, H, W, C]
+        (out_layout 'nhwc') or as NCHW arrays [N, C, H, W] ('nchw')."""
+        if out_layout not in ("nchw", "nhwc"):
+            raise InvalidArgumentError(f"out_layout must be 'nchw' or 'nhwc', got {out_layout!r}")
         cdef int ni = len(arrays), no = self.num_outputs
         if ni != self.num_inputs:
             raise InvalidArgumentError(f"this graph takes {self.num_inputs} input(s), got {ni}")
@@ -141,9 +144,12 @@ cdef class GraphHandle:
             for i in range(no):
                 dims = [to[i].dims[a] for a in range(to[i].ndim)]
                 dtype = np.float32 if to[i].dtype == QPACK_DTYPE_F32 else np.uint8
-                if to[i].ndim == 4:
+                if to[i].ndim == 4 and out_layout == "nhwc":
                     out = np.empty((dims[0], dims[2], dims[3], dims[1]), dtype=dtype)
                     to[i].layout = QPACK_LAYOUT_NHWC
+                elif to[i].ndim == 4:
+                    out = np.empty(dims, dtype=dtype)
+                    to[i].layout = QPACK_LAYOUT_NCHW
                 else:
                     out = np.empty(dims, dtype=dtype)
                 view = out.reshape(-1).view(np.uint8)

@@ -99,20 +99,18 @@ def _ints(v, n):
 
 
 def _is_spatial_mean(node):
-    """x.mean((2, 3)) / torch.mean(x, [2, 3], keepdim=...) -> keepdim, else None.
-    (Negative dims are left to PyTorch: without shapes, (-2, -1) of a rank-3
-    value would be read as the spatial dims of a rank-4 one.)"""
-    if not ((node.op == "call_method" and node.target == "mean") or
-            (node.op == "call_function" and node.target is torch.mean)):
+    """x.mean((2, 3)) / torch.mean(x, [2, 3], keepdim=...) of a rank-4 value (and
+    the mean over L of a rank-3 one) -> keepdim, else None. Negative dims count
+    only where canonicalize() knew the rank: without it, (-2, -1) of a rank-3
+    value would be read as the spatial dims of a rank-4 one."""
+    mean = _mean_dims(node)
+    if mean is None:
         return None
-    args = list(node.args[1:])
-    dims = args[0] if args else node.kwargs.get("dim")
-    keepdim = args[1] if len(args) > 1 else node.kwargs.get("keepdim", False)
-    if not isinstance(dims, (tuple, list)) or sorted(dims) != [2, 3]:
-        return None
-    if "dtype" in node.kwargs:
-        return None
-    return bool(keepdim)
+    x, dims, keepdim = mean
+    r = rank_of(x)
+    if dims == [2, 3] and r in (4, None) or dims == [2] and r == 3:
+        return keepdim
+    return None
 
 
 class _Lowering:
@@ -159,8 +157,9 @@ class _Lowering:
             self.nodes[-1] = last[0]
 
     def emit(self, fx_node, kind, inputs, **params):
+        ins = [self.arg(i) for i in inputs]  # a segment's inputs get their values before the output
         out = self.new_value(fx_node)
-        self.nodes.append(dict(kind=kind, inputs=[self.arg(i) for i in inputs], output=out, fx=fx_node, **params))
+        self.nodes.append(dict(kind=kind, inputs=ins, output=out, fx=fx_node, **params))
         return out
 
     def lower_node(self, node):
@@ -171,6 +170,8 @@ class _Lowering:
         if isinstance(m, (FrozenConv1d, FrozenConv2d, FrozenLinear)):
             if len(node.args) != 1:
                 raise Unsupported("a layer called with more than its input")
+            if isinstance(m, FrozenLinear) and rank_of(node.args[0]) not in (None, 2, 3):
+                raise Unsupported("a linear over the last dim of a rank-4 value (stored NHWC in the core)")
             legacy = m._spec["io"] == "legacy"
             if legacy != (self.value_of.get(node.args[0]) in self.qp):
                 raise Unsupported("a torch.ao layer outside its quantized region, or the reverse")
@@ -354,9 +355,334 @@ def trace(model):
 
     graph = Tracer().trace(model)
     try:
-        return torch.fx.GraphModule(model, graph)
+        gm = torch.fx.GraphModule(model, graph)
     except Exception as e:  # noqa: BLE001 - e.g. a submodule named like a GraphModule attribute
         raise Unsupported(f"the traced model cannot become a GraphModule ({type(e).__name__}: {e})") from None
+    canonicalize(gm)
+    return gm
+
+
+# ---- canonical spellings: shape arithmetic the trace records, rewritten to ops the core runs ----
+
+def channel_part(x, parts, index, groups):
+    """Part ``index`` of ``torch.chunk(x, parts, 1)``, then a channel shuffle in
+    ``groups`` (ShuffleNet's view / transpose / view): what canonicalize()
+    rewrites those spellings to; the core runs it as one ``channels`` node."""
+    if parts > 1:
+        x = torch.chunk(x, parts, 1)[index]
+    if groups > 1:
+        n, c = x.shape[0], x.shape[1]
+        x = x.reshape(n, groups, c // groups, *x.shape[2:]).transpose(1, 2).reshape(x.shape)
+    return x
+
+
+_SAME_RANK_MODULES = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.SiLU, nn.GELU,
+                      nn.LeakyReLU, nn.PReLU, nn.Tanh, nn.LayerNorm, nn.Identity, nn.Dropout, nn.Dropout2d,
+                      nn.Dropout1d, nn.BatchNorm1d, FrozenLinear, nn.Linear)
+_RANK4_MODULES = (FrozenConv2d, nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d,
+                  nn.AdaptiveMaxPool2d, nn.Upsample)
+_RANK3_MODULES = (FrozenConv1d, nn.Conv1d, nn.MaxPool1d, nn.AvgPool1d, nn.AdaptiveAvgPool1d)
+_SAME_RANK_FUNCS = {F.relu, torch.relu, F.relu_, torch.relu_, F.relu6, F.hardtanh, F.hardtanh_, F.hardswish,
+                    torch.sigmoid, F.silu, F.gelu, F.hardsigmoid, F.leaky_relu, torch.tanh, F.dropout, F.dropout2d,
+                    F.layer_norm, F.interpolate, F.max_pool2d, F.avg_pool2d, torch.clamp, channel_part,
+                    operator.add, operator.iadd, torch.add, operator.mul, operator.imul, torch.mul,
+                    operator.sub, operator.truediv, torch.cat}
+_SAME_RANK_METHODS = {"relu", "relu_", "sigmoid", "clamp", "clamp_", "contiguous", "add", "add_", "mul", "mul_",
+                      "transpose", "float"}
+
+
+def rank_of(node):
+    """The rank canonicalize() found for an fx node's value (None: not known)."""
+    return node.meta.get("qpack_rank") if isinstance(node, torch.fx.Node) else None
+
+
+def _dim_arg(node, pos, name, default=None):
+    return node.args[pos] if len(node.args) > pos else node.kwargs.get(name, default)
+
+
+def _norm_dim(d, rank):
+    """A dim >= 0, or None when it is negative and the rank is not known."""
+    if not isinstance(d, int):
+        return None
+    if d >= 0:
+        return d
+    return d + rank if rank is not None and d + rank >= 0 else None
+
+
+def _mean_dims(node):
+    """(input, dims normalized, keepdim) of x.mean(dims) / torch.mean(x, dims), else None."""
+    if not ((node.op == "call_method" and node.target == "mean") or
+            (node.op == "call_function" and node.target is torch.mean)) or "dtype" in node.kwargs:
+        return None
+    dims = _dim_arg(node, 1, "dim")
+    keepdim = _dim_arg(node, 2, "keepdim", False)
+    if isinstance(dims, int):
+        dims = [dims]
+    if not isinstance(dims, (tuple, list)) or not dims or not isinstance(keepdim, bool):
+        return None
+    r = rank_of(node.args[0])
+    dims = [_norm_dim(d, r) for d in dims]
+    if any(d is None for d in dims):
+        return None
+    return node.args[0], sorted(dims), keepdim
+
+
+class _Shapes:
+    """Symbolic dims of traced values: x.size(), x.shape, their items and // by
+    constants (what `b, c, h, w = x.size()` and `x.view(x.size(0), -1)` trace to)."""
+
+    def __init__(self):
+        self.sym = {}
+
+    def visit(self, node):
+        if node.op == "call_method" and node.target == "size":
+            d = _dim_arg(node, 1, "dim")
+            if d is None:
+                self.sym[node] = ("size", node.args[0])
+            elif isinstance(d, int):
+                self.sym[node] = self.dim(node.args[0], d)
+        elif node.op == "call_function" and node.target is getattr and node.args[1:] == ("shape",):
+            self.sym[node] = ("size", node.args[0])
+        elif node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[1], int):
+            base = self.sym.get(node.args[0])
+            if base is not None and base[0] == "size":
+                self.sym[node] = self.dim(base[1], node.args[1])
+        elif node.op == "call_function" and node.target is operator.floordiv and isinstance(node.args[1], int):
+            base = self.sym.get(node.args[0])
+            if base is not None:
+                self.sym[node] = ("floordiv", base, node.args[1])
+
+    @staticmethod
+    def dim(x, d):
+        d = _norm_dim(d, rank_of(x))
+        return None if d is None else ("dim", x, d)
+
+    def terms(self, node):
+        """The target shape of a view / reshape as ints and symbols (None: not one)."""
+        if not (node.op == "call_method" and node.target in ("view", "reshape")) and not (
+                node.op == "call_function" and node.target is torch.reshape):
+            return None
+        shape = list(node.args[1:])
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = list(shape[0])
+        if node.kwargs.get("shape") is not None:
+            shape = list(node.kwargs["shape"])
+        return [a if isinstance(a, int) else self.sym.get(a, "?") for a in shape]
+
+
+def _only_user(node):
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _is_transpose_12(node, x):
+    """node is x.transpose(1, 2) / torch.transpose(x, 1, 2) / x.permute(0, 2, 1, 3, 4)."""
+    if node is None or not node.args or node.args[0] is not x or node.kwargs:
+        return False
+    if (node.op == "call_method" and node.target == "transpose") or (
+            node.op == "call_function" and node.target is torch.transpose):
+        return sorted(node.args[1:]) == [1, 2]
+    if node.op == "call_method" and node.target == "permute":
+        dims = node.args[1:]
+        dims = list(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else list(dims)
+        return dims == [0, 2, 1, 3, 4]
+    return False
+
+
+def _rank(node, modules):
+    """The rank of an fx node's value from its op and its inputs' ranks, or None."""
+    first = node.args[0] if node.args else None
+    r = rank_of(first)
+    if node.op == "call_module":
+        m = modules.get(node.target)
+        if isinstance(m, _RANK4_MODULES):
+            return 4
+        if isinstance(m, _RANK3_MODULES):
+            return 3
+        if isinstance(m, nn.Flatten):
+            return 2 if (m.start_dim, m.end_dim) == (1, -1) else None
+        return r if isinstance(m, _SAME_RANK_MODULES) else None
+    if node.op == "call_function" and node.target is torch.cat:
+        return next((rank_of(t) for t in first if rank_of(t) is not None), None) if isinstance(
+            first, (tuple, list)) else None
+    if (node.op == "call_function" and node.target in _SAME_RANK_FUNCS) or (
+            node.op == "call_method" and node.target in _SAME_RANK_METHODS):
+        ranks = [rank_of(a) for a in node.args if isinstance(a, torch.fx.Node)]
+        return None if not ranks or None in ranks else max(ranks)
+    if node.op == "call_function" and node.target in (F.adaptive_avg_pool2d, F.adaptive_max_pool2d):
+        return 4
+    if node.op == "call_function" and node.target is F.adaptive_avg_pool1d:
+        return 3
+    if (node.op == "call_function" and node.target is torch.flatten) or (
+            node.op == "call_method" and node.target == "flatten"):
+        start, end = _dim_arg(node, 1, "start_dim", 0), _dim_arg(node, 2, "end_dim", -1)
+        if r is not None and isinstance(start, int) and isinstance(end, int):
+            s, e = _norm_dim(start, r), _norm_dim(end, r)
+            return None if s is None or e is None else r - (e - s)
+        return 2 if (start, end) == (1, -1) else None
+    mean = _mean_dims(node)
+    if mean is not None and r is not None:
+        return r if mean[2] else r - len(set(mean[1]))
+    if node.op == "call_method" and node.target in ("view", "reshape", "permute"):
+        shape = node.args[1:]
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
+        return len(shape) or None
+    if node.op == "call_method" and node.target == "squeeze" and r is not None:
+        d = _norm_dim(_dim_arg(node, 1, "dim"), r)
+        return r - 1 if d is not None and d in node.args[0].meta.get("qpack_unit", ()) else None
+    if node.op == "call_method" and node.target == "unsqueeze" and r is not None:
+        return r + 1
+    return None
+
+
+def _batch(node, modules):
+    """The value whose dim 0 this node's value has (itself unless its op keeps
+    its input's dim 0: layers, pooling, elementwise ops on one batch, flatten(1),
+    cat along dim >= 1, means that keep dim 0)."""
+    def of(a):
+        return a.meta.get("qpack_batch", a) if isinstance(a, torch.fx.Node) else None
+
+    x = node.args[0] if node.args else None
+    if not isinstance(x, torch.fx.Node) and not (node.op == "call_function" and node.target is torch.cat):
+        return node
+    keeps = False
+    if node.op == "call_module":
+        keeps = isinstance(modules.get(node.target), _SAME_RANK_MODULES + _RANK4_MODULES + _RANK3_MODULES)
+    elif node.op == "call_function" and node.target is torch.cat:
+        dim = _dim_arg(node, 1, "dim", 0)
+        if isinstance(node.args[0], (tuple, list)) and isinstance(dim, int) and dim >= 1:
+            batches = {of(t) for t in node.args[0]}
+            return batches.pop() if len(batches) == 1 and None not in batches else node
+    elif (node.op == "call_function" and node.target in _SAME_RANK_FUNCS) or (
+            node.op == "call_method" and node.target in _SAME_RANK_METHODS - {"transpose"}):
+        batches = {of(a) for a in node.args if isinstance(a, torch.fx.Node)}
+        keeps = len(batches) == 1
+    elif node.op == "call_function" and node.target in (F.adaptive_avg_pool2d, F.adaptive_avg_pool1d):
+        keeps = True
+    elif (node.op == "call_function" and node.target is torch.flatten) or (
+            node.op == "call_method" and node.target == "flatten"):
+        keeps = isinstance(_dim_arg(node, 1, "start_dim", 0), int) and _dim_arg(node, 1, "start_dim", 0) >= 1
+    else:
+        mean = _mean_dims(node)
+        keeps = mean is not None and 0 not in mean[1]
+    return of(x) if keeps else node
+
+
+def _unit_dims(node, modules):
+    """Dims of a node's value known to be 1 (global pooling with keepdim)."""
+    r = node.meta.get("qpack_rank")
+    m = modules.get(node.target) if node.op == "call_module" else None
+    size = None
+    if isinstance(m, (nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool1d)):
+        size = m.output_size
+    elif node.op == "call_function" and node.target in (F.adaptive_avg_pool2d, F.adaptive_avg_pool1d):
+        size = _dim_arg(node, 1, "output_size")
+    if size is not None and r in (3, 4) and _ints(size, r - 2) == (1,) * (r - 2):
+        return frozenset(range(2, r))
+    mean = _mean_dims(node)
+    if mean is not None and mean[2]:
+        return frozenset(mean[1])
+    if node.op == "call_method" and node.target == "squeeze" and rank_of(node.args[0]) is not None:
+        d = _norm_dim(_dim_arg(node, 1, "dim"), rank_of(node.args[0]))
+        return frozenset(u for u in node.args[0].meta.get("qpack_unit", ()) if u < d)
+    return frozenset()
+
+
+def canonicalize(gm):
+    """Rewrites shape spellings in a trace to ops the core runs, in place, and
+    records each value's rank where its ops tell it (node.meta["qpack_rank"]):
+    - x.view(x.size(0), -1) / x.reshape(x.shape[0], -1) -> torch.flatten(x, 1);
+    - x.squeeze(-1) (twice for rank 4) of a globally pooled value -> flatten;
+    - ShuffleNet's channel shuffle (view to 5-D, transpose(1, 2), contiguous,
+      view back) and x.chunk(n, 1)[i] -> channel_part();
+    - negative dims of torch.cat and mean made positive where the rank is known.
+    Every rewrite computes what the spelling did, in PyTorch too."""
+    g = gm.graph
+    modules = dict(gm.named_modules())
+    shapes = _Shapes()
+    erased = set()
+
+    def replace(old, fn, args, kwargs=None):
+        with g.inserting_before(old):
+            new = g.call_function(fn, args, kwargs or {})
+        old.replace_all_uses_with(new)
+        new.meta.update(old.meta)
+        g.erase_node(old)
+        erased.add(old)
+        return new
+
+    for node in list(g.nodes):
+        if node in erased:
+            continue
+        node.meta["qpack_rank"] = _rank(node, modules)
+        shapes.visit(node)
+        terms = shapes.terms(node)
+        x = node.args[0] if node.args else None
+        if (terms is not None and len(terms) == 2 and terms[1] == -1 and isinstance(terms[0], tuple)
+                and terms[0][0] == "dim" and terms[0][2] == 0
+                and terms[0][1].meta.get("qpack_batch", terms[0][1]) is x.meta.get("qpack_batch", x)):
+            node = replace(node, torch.flatten, (x, 1))
+        elif (terms is not None and len(terms) == 5 and terms[0] == ("dim", x, 0) and isinstance(terms[1], int)
+              and terms[2] == ("floordiv", ("dim", x, 1), terms[1]) and terms[3:] == [("dim", x, 2), ("dim", x, 3)]):
+            t = _only_user(node)
+            c = _only_user(t) if _is_transpose_12(t, node) else None
+            back = _only_user(c) if c is not None and c.op == "call_method" and c.target == "contiguous" else c
+            want = [("dim", x, 0), -1, ("dim", x, 2), ("dim", x, 3)]
+            back_terms = shapes.terms(back) if back is not None and back.args[0] is (c or t) else None
+            if back_terms is not None and (back_terms == want or back_terms[:1] + back_terms[2:] == want[:1] + want[2:]
+                                           and back_terms[1] == ("dim", x, 1)):
+                replace(back, channel_part, (x, 1, 0, terms[1])).meta["qpack_rank"] = rank_of(x)
+                for dead in (c, t, node):
+                    if dead is not None and dead not in erased:
+                        g.erase_node(dead)
+                        erased.add(dead)
+                continue
+        elif ((node.op == "call_method" and node.target == "chunk") or
+              (node.op == "call_function" and node.target is torch.chunk)):
+            parts, dim = _dim_arg(node, 1, "chunks"), _norm_dim(_dim_arg(node, 2, "dim", 0), rank_of(x))
+            items = list(node.users)
+            if (dim == 1 and isinstance(parts, int) and parts >= 1 and items and all(
+                    u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int)
+                    and 0 <= u.args[1] < parts for u in items)):
+                for u in items:
+                    new = replace(u, channel_part, (x, parts, u.args[1], 1))
+                    new.meta["qpack_rank"] = rank_of(x)
+                g.erase_node(node)
+                erased.add(node)
+                continue
+        elif node.op == "call_method" and node.target == "squeeze" and not node.kwargs and len(node.args) == 2:
+            # [N, C, 1] -> [N, C], and [N, C, 1, 1] squeezed twice
+            r, d = rank_of(x), _norm_dim(node.args[1], rank_of(x))
+            unit = x.meta.get("qpack_unit", frozenset())
+            if r == 3 and d == 2 and 2 in unit:
+                src = x
+                if (x.op == "call_method" and x.target == "squeeze" and len(x.users) == 1
+                        and rank_of(x.args[0]) == 4 and {2, 3} <= x.args[0].meta.get("qpack_unit", frozenset())):
+                    src = x.args[0]
+                node = replace(node, torch.flatten, (src, 1))
+        elif node.op == "call_function" and node.target is torch.cat:
+            dim = _dim_arg(node, 1, "dim", 0)
+            ranks = {rank_of(t) for t in node.args[0]} if isinstance(node.args[0], (tuple, list)) else {None}
+            if isinstance(dim, int) and dim < 0 and len(ranks) == 1 and None not in ranks:
+                node.args, node.kwargs = (node.args[0], dim + ranks.pop()), {}
+        mean = _mean_dims(node)
+        if mean is not None:
+            node.args, node.kwargs = (mean[0], mean[1], mean[2]), {}
+        node.meta["qpack_rank"] = _rank(node, modules) if node.op != "call_function" or \
+            node.target is not channel_part else rank_of(node.args[0])
+        node.meta["qpack_unit"] = _unit_dims(node, modules)
+        batch = _batch(node, modules)
+        if batch is not node:
+            node.meta["qpack_batch"] = batch
+    # shape arithmetic nothing reads any more
+    for node in reversed(list(g.nodes)):
+        if not node.users and node in shapes.sym or (
+                not node.users and node.op == "call_method" and node.target == "squeeze"):
+            g.erase_node(node)
+    g.lint()
+    gm.recompile()
+    return gm
 
 
 # ---- segments: the parts of a trace the core runs ------------------------------------------
@@ -542,8 +868,13 @@ class Segment:
         return self.handle
 
     def run_arrays(self, arrays):
-        outs = self.graph().run([a for a, _ in arrays], [layout for _, layout in arrays])
-        return [torch.from_numpy(o).permute(0, 3, 1, 2) if o.ndim == 4 else torch.from_numpy(o) for o in outs]
+        """Rank-4 outputs in the memory format PyTorch's own ops would give: channels
+        last when a rank-4 input was, else contiguous NCHW (``.view`` works on them)."""
+        nhwc = any(layout == "nhwc" for _, layout in arrays)
+        outs = self.graph().run([a for a, _ in arrays], [layout for _, layout in arrays],
+                                "nhwc" if nhwc else "nchw")
+        return [torch.from_numpy(o).permute(0, 3, 1, 2) if o.ndim == 4 and nhwc else torch.from_numpy(o)
+                for o in outs]
 
     def __call__(self, *args):
         arrays = [_to_array(a) for a in args]
@@ -588,8 +919,12 @@ class GraphRunner:
             return self
         replaced = {}  # a node an earlier segment took over -> its getitem
         for seg, runner in zip(segs, self._segments):
-            def qpack_segment(*xs, _run=runner):
-                return _run(*xs)
+            def qpack_segment(*xs, _run=runner, _torch=_torch_segment(gm, seg, replaced)):
+                try:
+                    return _run(*xs)
+                except (_core.InvalidArgumentError, _core.InvalidTypeError):
+                    # inputs this graph cannot take or plan (dtype, rank, shapes): its ops in PyTorch
+                    return _torch(*xs)
             args = tuple(replaced.get(n, n) for n in seg.input_nodes)
             with gm.graph.inserting_before(seg.members[0]):
                 call = gm.graph.call_function(qpack_segment, args)
@@ -715,6 +1050,23 @@ class GraphRunner:
 
     def __deepcopy__(self, memo):
         return GraphRunner(copy.deepcopy(self._model_ref, memo), copy.deepcopy(self._qparams, memo))
+
+
+def _torch_segment(gm, seg, replaced):
+    """A GraphModule running a segment's own fx nodes in PyTorch: same inputs,
+    same outputs (a tuple) as its core graph (``replaced``: inputs an earlier
+    segment took over -> what its members now read)."""
+    g = torch.fx.Graph()
+    env = {}
+    for i, n in enumerate(seg.input_nodes):
+        env[n] = env[replaced.get(n, n)] = g.placeholder(f"x{i}")
+    for n in seg.members:
+        env[n] = g.node_copy(n, lambda a: env[a])
+    outs = [None] * len(seg.outputs)
+    for n, k in seg.exported:
+        outs[k] = env[n]
+    g.output(tuple(outs))
+    return torch.fx.GraphModule(gm, g)
 
 
 def _restore_runner(model, qparams, segments):

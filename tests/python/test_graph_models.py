@@ -1,0 +1,257 @@
+"""Frozen graphs on architectures qpack's own tests did not start from.
+
+The spellings real models use for shapes (``x.view(x.size(0), -1)``,
+``x.reshape(x.shape[0], -1)``, squeeze after pooling, negative dims, ShuffleNet's
+chunk and channel shuffle), values leaving a segment for PyTorch ops that
+need contiguous NCHW, linears over rank-4 values (ConvNeXt), and torch.nn
+blocks of SqueezeNet / DenseNet / Inception / MobileNetV3 / EfficientNet /
+ResNet-50: each must freeze, as one graph where every op is one the core runs,
+and match PyTorch (fp32 within 1e-4 of eager; int8 within two quanta of the
+per-edge reference of test_graph.py)."""
+import pickle
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the graph tests freeze torch models")
+from torch import nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import qpack  # noqa: E402
+from qpack.torch import graph as G  # noqa: E402
+
+from conftest import BACKENDS  # noqa: E402
+from test_graph import conv_bn, per_edge_reference, randomize_bn, rel_err  # noqa: E402
+
+
+def plan(f):
+    """'graph', 'segments:<n>' or 'layers' (per-layer)."""
+    r = G.runner_of(f)
+    if r is None:
+        return "layers"
+    return "graph" if r._gm is None else f"segments:{r.num_segments}"
+
+
+def check_fp32(model, x, want="graph"):
+    f = qpack.freeze(model, progress=False)
+    with torch.no_grad():
+        y, ref = f(x), model(x)
+    assert rel_err(y, ref) < 1e-4, rel_err(y, ref)
+    if want is not None:
+        assert plan(f) == want, (plan(f), qpack.graph_report(f))
+    return f
+
+
+def check_int8(model, x, backend, want="graph"):
+    """One graph, within two quanta of the per-edge reference."""
+    torch.manual_seed(3)
+    calib = [torch.randn_like(x) for _ in range(3)] + [x]
+    f = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False)
+    assert plan(f) == want, (plan(f), qpack.graph_report(f))
+    with torch.no_grad():
+        y = f(x)
+        if want == "graph":
+            ref = per_edge_reference(f, x)
+            spec = G.runner_of(f)._spec
+            out_s = spec["values"][spec["nodes"][-1]["inputs"][0]][1]
+            err = float((y - ref).abs().max())
+            assert err <= 2 * out_s + 1e-6, (err, out_s)
+        assert rel_err(y, model(x)) < 0.1, rel_err(y, model(x))
+    return f
+
+
+def check_graph(model, x):
+    """fp32 and int8 on every backend, each one graph."""
+    check_fp32(model, x)
+    for backend in BACKENDS:
+        check_int8(model, x, backend)
+
+
+# ---- shape spellings -----------------------------------------------------------------------
+
+class Head(nn.Module):
+    """conv stack, then one of the ways models flatten before the classifier."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8 * 4 * 4 if how in ("view", "reshape", "batch_of_input") else 8, 5)
+
+    def forward(self, x):
+        y = self.features(x)
+        h = self.how
+        if h == "view":
+            return self.fc(y.view(y.size(0), -1))
+        if h == "reshape":
+            return self.fc(y.reshape(y.shape[0], -1))
+        if h == "batch_of_input":  # the batch size read from another value with the same dim 0
+            return self.fc(y.view(x.size(0), -1))
+        if h == "mean_keepdim_view":
+            return self.fc(y.mean([2, 3], keepdim=True).view(y.size(0), -1))
+        if h == "squeeze":
+            return self.fc(self.pool(y).squeeze(-1).squeeze(-1))
+        if h == "mean_negative":
+            return self.fc(y.mean([-2, -1]))
+        if h == "adaptive_f":
+            return self.fc(F.adaptive_avg_pool2d(y, 1).flatten(1))
+        raise AssertionError(h)
+
+
+HEADS = ["view", "reshape", "batch_of_input", "mean_keepdim_view", "squeeze", "mean_negative", "adaptive_f"]
+
+
+@pytest.mark.parametrize("how", HEADS)
+def test_flatten_spellings_run_as_one_graph(how):
+    model = Head(how).eval()
+    x = torch.randn(2, 3, 8, 8)
+    check_graph(model, x)
+
+
+def test_view_of_a_different_batch_is_not_a_flatten():
+    """view(k, -1) with k not the value's own dim 0 stays in PyTorch (and is right)."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 1)
+
+        def forward(self, x):
+            y = self.c(x)
+            return y.view(y.size(1), -1)
+
+    model = M().eval()
+    f = check_fp32(model, torch.randn(2, 3, 4, 4), want=None)
+    assert "flatten" not in (qpack.graph_report(f) or "")
+
+
+class Conv1dNet(nn.Module):
+    """1-D audio convs, a mean over the last dim and squeeze of a pooled length."""
+
+    def __init__(self, squeeze):
+        super().__init__()
+        self.squeeze = squeeze
+        self.c1, self.b1 = nn.Conv1d(4, 8, 5, 2), nn.BatchNorm1d(8)
+        self.c2 = nn.Conv1d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        x = F.relu(self.b1(self.c1(x)))
+        x = F.relu(self.c2(x))
+        if self.squeeze:
+            return self.fc(F.adaptive_avg_pool1d(x, 1).squeeze(-1))
+        return self.fc(x.mean(-1))
+
+
+@pytest.mark.parametrize("squeeze", [False, True])
+def test_conv1d_heads_run_as_one_graph(squeeze):
+    model = randomize_bn(Conv1dNet(squeeze)).eval()
+    x = torch.randn(2, 4, 40)
+    check_graph(model, x)
+
+
+def test_cat_along_a_negative_dim_runs_as_one_graph():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cs = nn.ModuleList([nn.Conv2d(3, 2 + i, 1) for i in range(5)])
+
+        def forward(self, x):
+            return torch.cat([F.relu(c(x)) for c in self.cs], dim=-3).mean((2, 3))
+
+    model = M().eval()
+    x = torch.randn(2, 3, 6, 6)
+    check_graph(model, x)
+
+
+# ---- segments hand PyTorch what it would have made ----------------------------------------------
+
+def freeze_segments(model, x, dtype):
+    """Frozen fp32 or int8 (calibrated on x-sized batches): in segments, close to eager."""
+    kw = dict(dtype="int8", example_inputs=[torch.randn_like(x) for _ in range(3)]) if dtype else {}
+    f = qpack.freeze(model, progress=False, **kw)
+    assert plan(f).startswith("segments")
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < (0.1 if dtype else 1e-5)
+    return f
+
+
+class ViewInTorch(nn.Module):
+    """A flatten the core cannot see (view to a constant size), after a segment."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+        self.fc = nn.Linear(8 * 4 * 4, 5)
+
+    def forward(self, x):
+        return self.fc(self.features(x).view(-1, 8 * 4 * 4))
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_segment_outputs_are_contiguous_nchw_for_pytorch_views(dtype):
+    model = ViewInTorch().eval()
+    x = torch.randn(2, 3, 8, 8)
+    f = freeze_segments(model, x, dtype)
+    with torch.no_grad():
+        # channels-last in, channels-last out (as PyTorch's convolutions do)
+        xl = x.contiguous(memory_format=torch.channels_last)
+        y = G.runner_of(f)._segments[0](xl)[0]
+        assert y.is_contiguous(memory_format=torch.channels_last)
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim=8):
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1, self.act, self.pwconv2 = nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(0.5 * torch.ones(dim))
+
+    def forward(self, x):
+        y = self.dwconv(x).permute(0, 2, 3, 1)
+        y = self.gamma * self.pwconv2(self.act(self.pwconv1(self.norm(y))))
+        return x + y.permute(0, 3, 1, 2)
+
+
+class ConvNeXtTiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 2, 2)
+        self.blocks = nn.Sequential(ConvNeXtBlock(), ConvNeXtBlock())
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x)).mean([-2, -1]))
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_convnext_linears_over_rank4_values_stay_correct(dtype):
+    """Linear over the last dim of a permuted rank-4 value: the core stores
+    rank-4 values NHWC, so those linears run in PyTorch (it used to raise)."""
+    torch.manual_seed(0)
+    model = ConvNeXtTiny().eval()
+    x = torch.randn(2, 3, 16, 16)
+    f = freeze_segments(model, x, dtype)
+    with torch.no_grad():
+        assert rel_err(f(x[:1]), model(x[:1])) < (0.1 if dtype else 1e-5)
+
+
+def test_a_segment_its_graph_cannot_plan_runs_in_pytorch():
+    """A segment fed shapes its graph rejects (here a rank-4 value reaching a
+    linear whose rank the trace could not tell) runs its own ops in PyTorch."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(6, 6), nn.Linear(6, 6)
+
+        def forward(self, x):
+            y = torch.tanh(x)  # PyTorch: splits the trace
+            return self.fc2(F.relu(self.fc1(y)))
+
+    model = M().eval()
+    f = qpack.freeze(model, progress=False)
+    assert plan(f) == "segments:1"
+    with torch.no_grad():
+        for x in (torch.randn(3, 6), torch.randn(2, 3, 6), torch.randn(2, 3, 4, 6)):
+            assert rel_err(f(x), model(x)) < 1e-5, x.shape
