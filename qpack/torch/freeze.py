@@ -337,6 +337,33 @@ def _analyze(model, rules):
     return plan, drop
 
 
+def _analyze_parts(model, rules):
+    """_analyze over the largest submodules that trace, when ``model`` does not; a
+    layer seen in more than one of them is left alone (the parent's own code may
+    pass it between them)."""
+    plan, drop, seen = {}, {}, collections.Counter()
+
+    def walk(mod):
+        for child in mod.children():
+            if type(child) in rules or not any(type(m) in rules for m in child.modules()):
+                continue
+            try:
+                p, d = _analyze(child, rules)
+            except Exception:  # noqa: BLE001 - untraceable: its children may trace
+                walk(child)
+                continue
+            for key in p:
+                seen[key] += 1
+            plan.update(p)
+            drop.update(d)
+
+    walk(model)
+    for key in [k for k, n in seen.items() if n > 1]:
+        plan.pop(key, None)
+        drop.pop(key, None)
+    return plan, drop
+
+
 # ---- calibration (static int8) ---------------------------------------------------------
 
 def _calibrate(model, example_inputs, layers, plan):
@@ -495,6 +522,8 @@ def _try_graph(frozen):
         if "GraphModule" in str(e):  # traced, but fx would not hold it: say why it runs layer by layer
             warnings.warn(f"qpack.freeze: the model runs layer by layer, not as a core graph: {e}",
                           FreezeWarning, stacklevel=3)
+        elif str(e).startswith("trace"):  # untraceable forward: graphs for the submodules that trace
+            _g.attach_parts(frozen)
         return None
     except qpack_error:
         return None
@@ -564,9 +593,11 @@ def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fu
             plan, drop = _analyze(model, rules)
         except Exception as e:  # noqa: BLE001 - any tracing failure means: no fusion
             reason = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+            plan, drop = _analyze_parts(model, rules)
+            where = "only inside the submodules that trace" if plan else "without BatchNorm folding or activation fusion"
             warnings.warn(
                 f"qpack.freeze: torch.fx could not trace {type(model).__name__} ({reason}); swapping layers "
-                "without BatchNorm folding or activation fusion", FreezeWarning, stacklevel=3)
+                f"{where}", FreezeWarning, stacklevel=3)
 
     seen, layers = set(), []
     for m in model.modules():
@@ -655,9 +686,10 @@ def unfreeze(frozen, *, inplace=False):
         _g.detach(frozen)
         return frozen
     memo = dict(replacements)
-    runner = _g.runner_of(frozen)
-    if runner is not None:
-        memo[id(runner)] = None  # the graph stays with the frozen model
+    for m in frozen.modules():
+        runner = _g.runner_of(m)
+        if runner is not None:
+            memo[id(runner)] = None  # the graphs stay with the frozen model
     out = copy.deepcopy(frozen, memo)
     _g.detach(out)
     return out

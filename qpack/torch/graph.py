@@ -1132,9 +1132,37 @@ def _restore_graph_module(fn, args, had_runner, qparams):
     return gm
 
 
+def attach_parts(model, qparams_of=None):
+    """Graphs for the largest submodules that trace, when ``model`` itself does
+    not (a forward with Python control flow on its inputs, keyword outputs...):
+    its children, or theirs. ``qparams_of(module)``: int8 per-edge qparams of a
+    submodule (None: fp32). Returns {qualified name: runner}."""
+    attached = {}
+    for name, child in model.named_children():
+        if isinstance(child, (FrozenConv1d, FrozenConv2d, FrozenLinear)) or not any(
+                isinstance(m, (FrozenConv1d, FrozenConv2d, FrozenLinear)) for m in child.modules()):
+            continue
+        try:
+            runner = attach(child, qparams_of(child) if qparams_of else None)
+            if runner._gm is None and runner.info()["num_nodes"] >= 2:
+                attached[name] = runner
+                continue
+            # PyTorch inside it, or a lone layer: the graph would only add crossings; its children may do better
+            detach(child)
+        except Unsupported as e:
+            if not str(e).startswith("trace"):
+                continue
+        except _core.Error:
+            continue  # a graph the core rejects: this part runs layer by layer
+        attached.update({f"{name}.{k}": r for k, r in attach_parts(child, qparams_of).items()})
+    return attached
+
+
 def detach(model):
-    """Back to the model's own forward (unfreeze)."""
-    model.__dict__.pop("forward", None)
+    """Back to the model's own forward, and its submodules' (unfreeze)."""
+    for m in model.modules():
+        if "forward" in m.__dict__ and (m.__dict__["forward"] is None or isinstance(m.__dict__["forward"], GraphRunner)):
+            del m.__dict__["forward"]  # (None: a runner unfreeze's deepcopy left out)
 
 
 def runner_of(model):
@@ -1147,7 +1175,18 @@ def graph_report(model):
     layer, backend, what was fused, packed bytes) and the totals; None when the
     model runs layer by layer."""
     r = runner_of(model)
-    return None if r is None else r.report()
+    if r is not None:
+        return r.report()
+    parts = graph_parts(model)
+    if not parts:
+        return None
+    return "\n".join(f"submodule {name} (PyTorch around it):\n{r.report()}" for name, r in parts.items())
+
+
+def graph_parts(model):
+    """{qualified name: runner} of the submodules that run as graphs inside a
+    model that does not (attach_parts)."""
+    return {name: r for name, m in model.named_modules() if name and (r := runner_of(m)) is not None}
 
 
 def progress(iterable, total, desc, enabled):
@@ -1164,5 +1203,6 @@ def progress(iterable, total, desc, enabled):
     return iterable
 
 
-__all__ = ["GraphRunner", "Segment", "Unsupported", "attach", "calibrate", "detach", "graph_report",
+__all__ = ["GraphRunner", "Segment", "Unsupported", "attach", "attach_parts", "calibrate", "detach", "graph_parts",
+           "graph_report",
            "progress", "qparams_by_name", "runner_of", "segments", "value_qparams"]

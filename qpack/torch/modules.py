@@ -388,6 +388,27 @@ class _FrozenConv(_Frozen):
     def kernel_size(self):
         return tuple(self._spec["weight_shape"][2:])
 
+    # nn.Conv*d's geometry attributes: models read them in forward (e.g. TF-style "same" padding)
+    @property
+    def stride(self):
+        return tuple(self._spec["stride"])
+
+    @property
+    def padding(self):
+        return tuple(self._spec["padding"])
+
+    @property
+    def dilation(self):
+        return tuple(self._spec["dilation"])
+
+    @property
+    def groups(self):
+        return self._spec["groups"]
+
+    @property
+    def padding_mode(self):
+        return "zeros"
+
     def _geometry_repr(self):
         s = self._spec
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={s['stride']}, "

@@ -255,3 +255,65 @@ def test_a_segment_its_graph_cannot_plan_runs_in_pytorch():
     with torch.no_grad():
         for x in (torch.randn(3, 6), torch.randn(2, 3, 6), torch.randn(2, 3, 4, 6)):
             assert rel_err(f(x), model(x)) < 1e-5, x.shape
+
+
+# ---- models whose own forward does not trace (HuggingFace-style) ------------------------------------
+
+class Stage(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv1, self.conv2 = conv_bn(c, c, act=nn.ReLU), conv_bn(c, c, act=None)
+
+    def forward(self, x):
+        return F.relu(self.conv2(self.conv1(x)) + x)
+
+
+class Encoder(nn.Module):
+    """Control flow on an argument and a dict output: fx cannot trace it."""
+
+    def __init__(self):
+        super().__init__()
+        self.stages = nn.ModuleList([Stage(8), Stage(8)])
+
+    def forward(self, x, output_hidden_states=False):
+        states = []
+        for s in self.stages:
+            x = s(x)
+            if output_hidden_states:
+                states.append(x)
+        return {"last": x, "states": states}
+
+
+class Untraceable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = conv_bn(3, 8, 3, 2, act=nn.ReLU)
+        self.encoder = Encoder()
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(8 * 4 * 4, 5))
+
+    def forward(self, pixel_values):
+        if pixel_values.shape[1] != 3:
+            raise ValueError("3 channels")
+        h = self.embed(pixel_values)
+        return self.head(self.encoder(h, output_hidden_states=True)["last"])
+
+
+def test_untraceable_models_run_their_traceable_submodules_as_graphs(tmp_path):
+    torch.manual_seed(0)
+    model = randomize_bn(Untraceable()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    with pytest.warns(qpack.torch.freeze.FreezeWarning, match="only inside the submodules that trace"):
+        f = qpack.freeze(model, progress=False)
+    parts = G.graph_parts(f)
+    # (embed folds to one conv: a lone layer runs as it is, a graph would only add crossings)
+    assert set(parts) == {"encoder.stages.0", "encoder.stages.1", "head"}, set(parts)
+    assert G.runner_of(f) is None and "submodule encoder.stages.0" in qpack.graph_report(f)
+    assert f.encoder.stages[0].conv1[0].activation == "relu"  # folded and fused inside the parts
+    with torch.no_grad():
+        ref = model(x)
+        assert rel_err(f(x), ref) < 1e-5
+        for other in (pickle.loads(pickle.dumps(f)), qpack.unfreeze(f)):
+            assert rel_err(other(x), ref) < 1e-5
+        assert not G.graph_parts(qpack.unfreeze(f))
+        qpack.save(f, tmp_path / "m.qpk")
+        assert rel_err(qpack.load(tmp_path / "m.qpk")(x), ref) < 1e-5
