@@ -36,6 +36,7 @@ NODE_KINDS = {                                      # qpack_node_kind (src/inclu
     0: "conv2d", 1: "linear", 2: "add", 3: "maxpool2d", 4: "avgpool2d", 5: "global_avgpool",
     6: "flatten", 7: "concat", 8: "activation", 9: "affine", 10: "quantize", 11: "dequantize",
     12: "mul",
+    13: "channels",
 }
 ACTIVATIONS = {                                     # qpack_activation
     0: "none", 1: "relu", 2: "clamp", 3: "hardswish", 4: "sigmoid", 5: "gelu", 6: "silu",

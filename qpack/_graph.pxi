@@ -6,7 +6,8 @@ NODE_KINDS = {"conv2d": QPACK_NODE_CONV2D, "linear": QPACK_NODE_LINEAR, "add": Q
               "global_avgpool": QPACK_NODE_GLOBAL_AVGPOOL, "flatten": QPACK_NODE_FLATTEN,
               "concat": QPACK_NODE_CONCAT, "activation": QPACK_NODE_ACTIVATION,
               "affine": QPACK_NODE_AFFINE, "quantize": QPACK_NODE_QUANTIZE,
-              "dequantize": QPACK_NODE_DEQUANTIZE, "mul": QPACK_NODE_MUL}
+              "dequantize": QPACK_NODE_DEQUANTIZE, "mul": QPACK_NODE_MUL,
+              "channels": QPACK_NODE_CHANNELS}
 ACTIVATIONS = {None: QPACK_ACT_NONE, "relu": QPACK_ACT_RELU, "clamp": QPACK_ACT_CLAMP,
                "hardswish": QPACK_ACT_HARDSWISH, "sigmoid": QPACK_ACT_SIGMOID,
                "gelu": QPACK_ACT_GELU, "silu": QPACK_ACT_SILU, "hardsigmoid": QPACK_ACT_HARDSIGMOID}

@@ -209,6 +209,7 @@ cdef extern from "qpack/qpack.h" nogil:
         QPACK_NODE_QUANTIZE
         QPACK_NODE_DEQUANTIZE
         QPACK_NODE_MUL
+        QPACK_NODE_CHANNELS
 
     ctypedef enum qpack_activation:
         QPACK_ACT_NONE

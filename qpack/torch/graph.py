@@ -246,6 +246,10 @@ class _Lowering:
         if self.is_flatten(node, m):
             self.emit_checked(node, "flatten", [node.args[0]])
             return
+        if node.op == "call_function" and node.target is channel_part:
+            x, parts, index, groups = node.args
+            self.emit_checked(node, "channels", [x], kernel=(parts, index), stride=(groups, 1))
+            return
         if node.op == "call_function" and node.target is torch.cat:
             tensors = node.args[0]
             dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
@@ -264,7 +268,7 @@ class _Lowering:
         raise Unsupported(f"{node.op} {node.target}")
 
     # ops that keep their input's torch.ao qparams (what PyTorch's quantized kernels do)
-    _KEEPS_QPARAMS = ("activation", "maxpool2d", "avgpool2d", "global_avgpool", "flatten")
+    _KEEPS_QPARAMS = ("activation", "maxpool2d", "avgpool2d", "global_avgpool", "flatten", "channels")
 
     def lower_torch_ao(self, node, m):
         """A torch.ao eager-mode quantized model's own ops: Quantize / DeQuantize
@@ -626,8 +630,9 @@ def canonicalize(gm):
         elif (terms is not None and len(terms) == 5 and terms[0] == ("dim", x, 0) and isinstance(terms[1], int)
               and terms[2] == ("floordiv", ("dim", x, 1), terms[1]) and terms[3:] == [("dim", x, 2), ("dim", x, 3)]):
             t = _only_user(node)
-            c = _only_user(t) if _is_transpose_12(t, node) else None
-            back = _only_user(c) if c is not None and c.op == "call_method" and c.target == "contiguous" else c
+            nxt = _only_user(t) if _is_transpose_12(t, node) else None
+            c = nxt if nxt is not None and nxt.op == "call_method" and nxt.target == "contiguous" else None
+            back = _only_user(c) if c is not None else nxt
             want = [("dim", x, 0), -1, ("dim", x, 2), ("dim", x, 3)]
             back_terms = shapes.terms(back) if back is not None and back.args[0] is (c or t) else None
             if back_terms is not None and (back_terms == want or back_terms[:1] + back_terms[2:] == want[:1] + want[2:]
@@ -780,7 +785,7 @@ def value_qparams(seg, ranges):
     producer = {n["output"]: n for n in seg.nodes}
     for v, fx in enumerate(seg.values):
         n = producer.get(v)
-        if n is not None and n["kind"] in ("maxpool2d", "flatten"):
+        if n is not None and n["kind"] in ("maxpool2d", "flatten", "channels"):
             qp[v] = qp[n["inputs"][0]]
             continue
         if fx.name not in ranges:

@@ -47,6 +47,7 @@ const char* kind_name(qpack_node_kind k) {
     case QPACK_NODE_QUANTIZE: return "quantize";
     case QPACK_NODE_DEQUANTIZE: return "dequantize";
     case QPACK_NODE_MUL: return "mul";
+    case QPACK_NODE_CHANNELS: return "channels";
   }
   return "unknown";
 }
@@ -268,7 +269,7 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
   }
   for (size_t i = 0; i < nodes_.size(); ++i) {
     GraphNode& n = nodes_[i];
-    check(n.kind >= QPACK_NODE_CONV2D && n.kind <= QPACK_NODE_MUL,
+    check(n.kind >= QPACK_NODE_CONV2D && n.kind <= QPACK_NODE_CHANNELS,
           QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " has an unknown kind ", static_cast<int>(n.kind));
     const char* kind = kind_name(n.kind);
     const size_t want = (n.kind == QPACK_NODE_ADD || n.kind == QPACK_NODE_MUL) ? 2
@@ -324,6 +325,7 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
       case QPACK_NODE_DEQUANTIZE: expect_dtypes(QPACK_DTYPE_U8, QPACK_DTYPE_F32); break;
       case QPACK_NODE_MAXPOOL2D:
       case QPACK_NODE_FLATTEN:
+      case QPACK_NODE_CHANNELS:
         expect_dtypes(x.dtype, x.dtype);
         check(same_qparams(x, y), QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind,
               ") keeps its input's u8 parameters; give value ", n.out, " those of value ", n.in[0]);
@@ -340,6 +342,12 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
         check(n.pad[a] >= 0 && n.pad[a] <= n.kernel[a % 2] / 2, QPACK_STATUS_INVALID_ARGUMENT,
               "node ", i, " (", kind, "): padding must be in [0, kernel / 2], as in PyTorch");
       }
+    }
+    if (n.kind == QPACK_NODE_CHANNELS) {
+      check(n.kernel[0] >= 1 && n.kernel[0] <= (int64_t(1) << 24) && n.kernel[1] >= 0 &&
+                n.kernel[1] < n.kernel[0] && n.stride[0] >= 1 && n.stride[0] <= (int64_t(1) << 24),
+            QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
+            " (channels) needs parts in [1, 2^24], a part index in [0, parts) and groups in [1, 2^24]");
     }
     if (n.kind == QPACK_NODE_ADD || n.kind == QPACK_NODE_ACTIVATION) {
       check(n.act >= QPACK_ACT_NONE && n.act <= QPACK_ACT_HARDSIGMOID, QPACK_STATUS_INVALID_ARGUMENT,
@@ -525,6 +533,11 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
       }
       return y;
     }
+    case QPACK_NODE_CHANNELS:
+      need_rank(x.rank >= 2 && x.d[1] % n.kernel[0] == 0 && (x.d[1] / n.kernel[0]) % n.stride[0] == 0,
+                "an input whose dim 1 divides into the parts, and each part into the groups");
+      y.d[1] = x.d[1] / n.kernel[0];
+      return y;
     case QPACK_NODE_AFFINE:
       need_rank(x.rank >= 2 && x.d[1] == static_cast<int64_t>(n.affine_scale.size()),
                 "an input whose dim 1 has as many channels as the affine");
@@ -939,6 +952,37 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
         }
         at += c2;
       }
+      return;
+    }
+    case QPACK_NODE_CHANNELS: {
+      // per outer row: the part's channels, gathered in shuffled order (runs of `inner`)
+      int64_t outer, channels, inner;
+      split_channels(xs, &outer, &channels, &inner);
+      const int64_t P = ys.d[1], g = n.stride[0], first = n.kernel[1] * P;
+      const size_t es = elem_size(xv.dtype), run = static_cast<size_t>(inner) * es;
+      parallel_range(outer, 1, [&](int64_t b, int64_t e) {
+        for (int64_t o = b; o < e; ++o) {
+          const uint8_t* src = x + static_cast<size_t>(o * channels + first) * run;
+          uint8_t* dst = y + static_cast<size_t>(o * P) * run;
+          if (g == 1) {
+            std::memcpy(dst, src, static_cast<size_t>(P) * run);
+            continue;
+          }
+          const int64_t per = P / g;
+          if (inner == 1 && es == 4) {  // NHWC: one element per channel
+            auto* d = reinterpret_cast<float*>(dst);
+            const auto* sf = reinterpret_cast<const float*>(src);
+            for (int64_t j = 0; j < P; ++j) d[j] = sf[(j % g) * per + j / g];
+          } else if (inner == 1) {
+            for (int64_t j = 0; j < P; ++j) dst[j] = src[(j % g) * per + j / g];
+          } else {
+            for (int64_t j = 0; j < P; ++j) {
+              std::memcpy(dst + static_cast<size_t>(j) * run, src + static_cast<size_t>((j % g) * per + j / g) * run,
+                          run);
+            }
+          }
+        }
+      });
       return;
     }
     case QPACK_NODE_ACTIVATION:

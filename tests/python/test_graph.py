@@ -252,6 +252,8 @@ def per_edge_reference(f, x):
             r = a.mean(tuple(range(2, a.dim())), keepdim=n.get("keepdim", True))
         elif k == "flatten":
             r = torch.flatten(a, 1)
+        elif k == "channels":
+            r = G.channel_part(a, n["kernel"][0], n["kernel"][1], n["stride"][0])
         elif k == "concat":
             r = torch.cat([d(v) for v in ins], 1)
         elif k == "affine":

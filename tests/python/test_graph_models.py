@@ -317,3 +317,111 @@ def test_untraceable_models_run_their_traceable_submodules_as_graphs(tmp_path):
         assert not G.graph_parts(qpack.unfreeze(f))
         qpack.save(f, tmp_path / "m.qpk")
         assert rel_err(qpack.load(tmp_path / "m.qpk")(x), ref) < 1e-5
+
+
+def test_frozen_convs_expose_their_geometry():
+    """Models read conv geometry in forward (HuggingFace MobileNetV2's TF padding)."""
+    conv = nn.Conv2d(4, 6, (3, 5), stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
+    f = qpack.freeze(nn.Sequential(conv).eval())[0]
+    for attr in ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups",
+                 "padding_mode"):
+        assert getattr(f, attr) == getattr(conv, attr), attr
+
+
+# ---- ShuffleNet: chunk and channel shuffle -------------------------------------------------------
+
+def channel_shuffle(x, groups, spelling):
+    b, c, h, w = x.size()
+    x = x.view(b, groups, c // groups, h, w)
+    if spelling == "transpose":
+        x = torch.transpose(x, 1, 2).contiguous()
+    else:
+        x = x.permute(0, 2, 1, 3, 4)
+    return x.view(b, -1, h, w) if spelling == "transpose" else x.reshape(b, c, h, w)
+
+
+class ShuffleUnit(nn.Module):
+    """torchvision's ShuffleNetV2 unit (stride 1: chunk, branch, cat, shuffle)."""
+
+    def __init__(self, c, spelling="transpose", groups=2):
+        super().__init__()
+        self.spelling, self.groups = spelling, groups
+        h = c // 2
+        self.branch2 = nn.Sequential(conv_bn(h, h, 1, act=nn.ReLU), conv_bn(h, h, 3, groups=h, act=None),
+                                     conv_bn(h, h, 1, act=nn.ReLU))
+
+    def forward(self, x):
+        if self.spelling == "transpose":
+            x1, x2 = x.chunk(2, dim=1)
+        else:
+            x1, x2 = torch.chunk(x, 2, 1)
+        out = torch.cat((x1, self.branch2(x2)), dim=1)
+        return channel_shuffle(out, self.groups, self.spelling)
+
+
+class ShuffleNetTiny(nn.Module):
+    def __init__(self, spelling, groups=2, c=8):
+        super().__init__()
+        self.stem = conv_bn(3, c, 3, 2, act=nn.ReLU)
+        self.units = nn.Sequential(ShuffleUnit(c, spelling, groups), ShuffleUnit(c, spelling, groups))
+        self.fc = nn.Linear(c, 5)
+
+    def forward(self, x):
+        return self.fc(self.units(self.stem(x)).mean([2, 3]))
+
+
+@pytest.mark.parametrize("spelling", ["transpose", "permute"])
+def test_shufflenet_chunk_and_channel_shuffle_run_as_one_graph(spelling):
+    torch.manual_seed(0)
+    model = randomize_bn(ShuffleNetTiny(spelling)).eval()
+    x = torch.randn(2, 3, 12, 12)
+    f = check_fp32(model, x)
+    assert qpack.graph_report(f).count("channels") == 6  # 2 chunks and a shuffle per unit
+    for backend in BACKENDS:
+        check_int8(model, x, backend)
+
+
+def test_channel_part_computes_chunk_and_shuffle():
+    x = torch.arange(2 * 12 * 2 * 1, dtype=torch.float32).reshape(2, 12, 2, 1)
+    for parts, index, groups in [(1, 0, 3), (2, 1, 1), (3, 2, 2), (2, 0, 6)]:
+        part = torch.chunk(x, parts, 1)[index]
+        n, c = part.shape[:2]
+        want = part.reshape(n, groups, c // groups, 2, 1).transpose(1, 2).reshape(n, c, 2, 1)
+        assert torch.equal(G.channel_part(x, parts, index, groups), want)
+        for layout in ("nchw", "nhwc"):
+            arr = x.numpy() if layout == "nchw" else x.permute(0, 2, 3, 1).contiguous().numpy()
+            h = qpack._core.GraphHandle([("f32", 0.0, 0)] * 2, [dict(kind="channels", inputs=[0], output=1,
+                                        kernel=(parts, index), stride=(groups, 1))], [0], [1])
+            got = torch.from_numpy(h.run([arr], [layout], "nchw")[0])
+            assert torch.equal(got, want), (parts, index, groups, layout)
+
+
+def test_chunks_the_core_cannot_split_evenly_run_in_pytorch(tmp_path):
+    """7 channels in 2 chunks (4 + 3): the graph's plan refuses, the layers run as PyTorch would."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(3, 7, 1)
+
+        def forward(self, x):
+            a, b = self.c(x).chunk(2, 1)
+            return F.relu(a).mean((2, 3)) + F.relu(b).mean((2, 3)).sum(1, keepdim=True)
+
+    model = M().eval()
+    f = qpack.freeze(model, progress=False)
+    x = torch.randn(2, 3, 5, 5)
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-5
+    with pytest.raises(qpack.InvalidArgumentError, match="divides into the parts"):
+        qpack._core.GraphHandle([("f32", 0.0, 0)] * 2, [dict(kind="channels", inputs=[0], output=1, kernel=(2, 0))],
+                                [0], [1]).run([x.numpy()], ["nchw"])
+
+
+def test_shufflenet_graph_saves_and_loads(tmp_path):
+    model = randomize_bn(ShuffleNetTiny("transpose")).eval()
+    x = torch.randn(1, 3, 12, 12)
+    f = qpack.freeze(model, progress=False)
+    qpack.save(f, tmp_path / "s.qpk")
+    g = qpack.load(tmp_path / "s.qpk")
+    with torch.no_grad():
+        assert torch.equal(g(x), f(x))

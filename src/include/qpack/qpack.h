@@ -399,6 +399,10 @@ typedef enum qpack_node_kind {
   QPACK_NODE_DEQUANTIZE = 11,    /* u8 -> f32 */
   QPACK_NODE_MUL = 12,           /* inputs[0] * inputs[1]: equal shapes, or inputs[1]
                                     [N, C, 1, 1] scaling each channel (squeeze-excitation) */
+  QPACK_NODE_CHANNELS = 13,      /* channels along dim 1: part kernel_w of kernel_h equal parts
+                                    (torch.chunk; C divisible), then a channel shuffle in
+                                    stride_h groups (ShuffleNet): y[:, j] = part[:, (j % g) *
+                                    (P / g) + j / g]; u8 qparams kept */
 } qpack_node_kind;
 
 typedef enum qpack_activation {
@@ -425,7 +429,7 @@ typedef struct qpack_graph_node {
   int32_t output;         /* value index, produced by this node only */
   const qpack_conv2d* conv;     /* CONV2D */
   const qpack_linear* linear;   /* LINEAR */
-  int64_t kernel_h, kernel_w, stride_h, stride_w;            /* pools */
+  int64_t kernel_h, kernel_w, stride_h, stride_w;            /* pools; CHANNELS */
   int64_t pad_top, pad_left, pad_bottom, pad_right;          /* pools */
   int ceil_mode;                /* pools */
   int count_include_pad;        /* AVGPOOL2D */
