@@ -33,6 +33,9 @@ _ACT_FUNCS = {F.relu: "relu", torch.relu: "relu", F.hardswish: "hardswish", torc
               F.hardsigmoid: "hardsigmoid"}
 _ACT_METHODS = {"relu": "relu", "sigmoid": "sigmoid"}
 _IDENTITY_MODULES = (nn.Identity, nn.Dropout, nn.Dropout2d)
+# functions of a convert_fx model that take its qparams as get_attr nodes
+_QPARAM_READERS = tuple(f for f in (torch.quantize_per_tensor, getattr(torch.ops.quantized, "add", None),
+                                    getattr(torch.ops.quantized, "add_relu", None)) if f is not None)
 
 
 def _activation(node, modules):
@@ -163,6 +166,8 @@ class _Lowering:
         return out
 
     def lower_node(self, node):
+        if _qparam_attr(node):
+            return  # convert_fx's qparams: read by lower_torch_ao (constant())
         m = self.modules.get(node.target) if node.op == "call_module" else None
         if (m is not None and isinstance(m, _IDENTITY_MODULES)) or self.is_eval_dropout(node):
             self.value_of[node] = self.arg(node.args[0])
@@ -270,25 +275,47 @@ class _Lowering:
     # ops that keep their input's torch.ao qparams (what PyTorch's quantized kernels do)
     _KEEPS_QPARAMS = ("activation", "maxpool2d", "avgpool2d", "global_avgpool", "flatten", "channels")
 
+    def constant(self, a):
+        """A number, or the one-element tensor a get_attr node names (convert_fx keeps
+        qparams as module attributes); None for anything else."""
+        if isinstance(a, torch.fx.Node) and a.op == "get_attr":
+            t = self.gm
+            for part in a.target.split("."):
+                t = getattr(t, part, None)
+            return t.item() if isinstance(t, torch.Tensor) and t.numel() == 1 else None
+        return a if isinstance(a, (int, float)) and not isinstance(a, bool) else None
+
     def lower_torch_ao(self, node, m):
-        """A torch.ao eager-mode quantized model's own ops: Quantize / DeQuantize
-        modules and quantized add (their qparams become the values'). True when lowered."""
+        """A torch.ao quantized model's own ops, eager mode (Quantize / DeQuantize modules)
+        or convert_fx (``torch.quantize_per_tensor`` on attribute qparams, ``.dequantize()``),
+        and quantized add (their qparams become the values'). True when lowered."""
         try:
             import torch.ao.nn.quantized as nnq
         except ImportError:
             return False
-        if isinstance(m, nnq.Quantize):
-            if m.dtype != torch.quint8:
-                raise Unsupported("Quantize to a dtype other than quint8")
+        if isinstance(m, nnq.Quantize) or (node.op == "call_function" and node.target is torch.quantize_per_tensor):
+            if m is not None:
+                scale, zp, dtype = float(m.scale), int(m.zero_point), m.dtype
+            else:
+                args = list(node.args) + [node.kwargs.get(k) for k in ("scale", "zero_point", "dtype")][len(node.args) - 1:]
+                scale, zp, dtype = self.constant(args[1]), self.constant(args[2]), args[3]
+                if scale is None or zp is None:
+                    raise Unsupported("quantize_per_tensor without constant scale and zero point")
+            if dtype != torch.quint8:
+                raise Unsupported("quantize to a dtype other than quint8")
             out = self.emit(node, "quantize", [node.args[0]])
-            self.qp[out] = (float(m.scale), int(m.zero_point))
+            self.qp[out] = (float(scale), int(zp))
             return True
-        if isinstance(m, nnq.DeQuantize):
+        if isinstance(m, nnq.DeQuantize) or (node.op == "call_method" and node.target == "dequantize"
+                                             and self.value_of.get(node.args[0]) in self.qp):
             self.emit(node, "dequantize", [node.args[0]])
             return True
         q_add = getattr(torch.ops.quantized, "add", None), getattr(torch.ops.quantized, "add_relu", None)
         if node.op == "call_function" and node.target in q_add and node.target is not None:
             a, b, scale, zp = (list(node.args) + [node.kwargs.get("scale"), node.kwargs.get("zero_point")])[:4]
+            scale, zp = self.constant(scale), self.constant(zp)
+            if not all(self.value_of.get(v) in self.qp for v in (a, b)):
+                raise Unsupported("quantized add of values quantized outside the graph")
             if not isinstance(scale, (int, float)) or not isinstance(zp, int):
                 raise Unsupported("quantized add without constant scale and zero point")
             out = self.emit(node, "add", [a, b],
@@ -695,6 +722,12 @@ def canonicalize(gm):
 _MIN_SEGMENT_NODES = 2  # a lone elementwise op is cheaper in PyTorch than crossing into the core
 
 
+def _qparam_attr(node):
+    """A get_attr node only convert_fx's quantize / quantized add read (as qparams)."""
+    return node.op == "get_attr" and bool(node.users) and all(
+        u.op == "call_function" and u.target in _QPARAM_READERS for u in node.users)
+
+
 def segments(gm):
     """Maximal runs of fx nodes (in trace order) the core runs, each a lowering
     with its own inputs (values from before it) and outputs (values read after
@@ -718,6 +751,8 @@ def segments(gm):
             out.append(cur)
 
     for node in gm.graph.nodes:
+        if _qparam_attr(node):
+            continue  # read as constants by the quantize / add that use it
         if node.op in ("placeholder", "output", "get_attr"):
             close()
             cur = None
@@ -1114,7 +1149,7 @@ def _without_runner(gm, make):
 def _reattach(gm, qparams):
     try:
         attach(gm, qparams)
-    except Unsupported:
+    except (Unsupported, _core.Error):
         pass  # layer by layer, as it ran before it was frozen to a graph
 
 
