@@ -425,3 +425,131 @@ def test_shufflenet_graph_saves_and_loads(tmp_path):
     g = qpack.load(tmp_path / "s.qpk")
     with torch.no_grad():
         assert torch.equal(g(x), f(x))
+
+
+# ---- architecture blocks, each one graph -----------------------------------------------------------
+
+class Fire(nn.Module):
+    """SqueezeNet: squeeze 1x1, expand 1x1 and 3x3, concat; ceil-mode pooling; conv head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, ceil_mode=True))
+        self.squeeze = nn.Conv2d(8, 4, 1)
+        self.e1, self.e3 = nn.Conv2d(4, 6, 1), nn.Conv2d(4, 6, 3, padding=1)
+        self.head = nn.Sequential(nn.Dropout(0.5), nn.Conv2d(12, 5, 1), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d((1, 1)))
+
+    def forward(self, x):
+        s = F.relu(self.squeeze(self.stem(x)))
+        return torch.flatten(self.head(torch.cat([F.relu(self.e1(s)), F.relu(self.e3(s))], 1)), 1)
+
+
+class Dense(nn.Module):
+    """DenseNet: pre-activation BN-ReLU-conv layers on a growing concat, transition avg pool."""
+
+    def __init__(self, c=8, growth=4, n=3):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Sequential(nn.BatchNorm2d(c + i * growth), nn.ReLU(inplace=True),
+                                                   nn.Conv2d(c + i * growth, growth, 3, padding=1, bias=False))
+                                     for i in range(n)])
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.trans = nn.Sequential(nn.BatchNorm2d(c + n * growth), nn.ReLU(), nn.AvgPool2d(2, 2))
+        self.fc = nn.Linear(c + n * growth, 5)
+
+    def forward(self, x):
+        feats = [self.stem(x)]
+        for layer in self.layers:
+            feats.append(layer(torch.cat(feats, 1)))
+        y = self.trans(torch.cat(feats, 1))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(y, (1, 1)), 1))
+
+
+class InceptionBlock(nn.Module):
+    """Parallel 1x1 / 3x3 / 5x5 / maxpool(3, s1, p1) branches, concat."""
+
+    def __init__(self, c=6):
+        super().__init__()
+        self.b1 = conv_bn(c, 4, 1, act=nn.ReLU)
+        self.b2 = nn.Sequential(conv_bn(c, 4, 1, act=nn.ReLU), conv_bn(4, 6, 3, act=nn.ReLU))
+        self.b3 = nn.Sequential(conv_bn(c, 2, 1, act=nn.ReLU), conv_bn(2, 4, 5, act=nn.ReLU))
+        self.b4 = nn.Sequential(nn.MaxPool2d(3, 1, 1, ceil_mode=True), conv_bn(c, 3, 1, act=nn.ReLU))
+        self.stem = conv_bn(3, c, 3, 2, act=nn.ReLU)
+
+    def forward(self, x):
+        x = self.stem(x)
+        return torch.cat([self.b1(x), self.b2(x), self.b3(x), self.b4(x)], 1).mean((2, 3))
+
+
+class Bottleneck(nn.Module):
+    """ResNet-50: 1x1 / 3x3 stride 2 / 1x1 x4 with a projection shortcut, `out += identity`."""
+
+    def __init__(self, cin=8, planes=4):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(cin, planes, 1, bias=False), nn.BatchNorm2d(planes)
+        self.conv2, self.bn2 = nn.Conv2d(planes, planes, 3, 2, 1, bias=False), nn.BatchNorm2d(planes)
+        self.conv3, self.bn3 = nn.Conv2d(planes, planes * 4, 1, bias=False), nn.BatchNorm2d(planes * 4)
+        self.downsample = nn.Sequential(nn.Conv2d(cin, planes * 4, 1, 2, bias=False), nn.BatchNorm2d(planes * 4))
+        self.relu = nn.ReLU(inplace=True)
+        self.stem = nn.Conv2d(3, cin, 3, padding=1)
+
+    def forward(self, x):
+        x = self.stem(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        out += self.downsample(x)
+        return torch.flatten(F.adaptive_avg_pool2d(self.relu(out), 1), 1)
+
+
+class SE(nn.Module):
+    def __init__(self, c, act, gate):
+        super().__init__()
+        self.pool, self.fc1, self.fc2, self.act, self.gate = nn.AdaptiveAvgPool2d(1), nn.Conv2d(c, 4, 1), \
+            nn.Conv2d(4, c, 1), act(), gate()
+
+    def forward(self, x):
+        return self.gate(self.fc2(self.act(self.fc1(self.pool(x))))) * x
+
+
+class MBConv(nn.Module):
+    """MobileNetV3 (Hardswish, SE with Hardsigmoid) or EfficientNet (SiLU, SE with
+    Sigmoid): expand, 5x5 depthwise, SE, project, residual."""
+
+    def __init__(self, act, gate, c=8, e=3):
+        super().__init__()
+        self.stem = conv_bn(3, c, 3, 2, act=act)
+        self.block = nn.Sequential(conv_bn(c, c * e, 1, act=act), conv_bn(c * e, c * e, 5, groups=c * e, act=act),
+                                   SE(c * e, nn.ReLU if act is nn.Hardswish else act, gate),
+                                   conv_bn(c * e, c, 1, act=None))
+        self.head = nn.Sequential(nn.Linear(c, 16), act(), nn.Dropout(0.2), nn.Linear(16, 5))
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = x + self.block(x)
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+BLOCKS = {"squeezenet_fire": Fire, "densenet": Dense, "inception": InceptionBlock, "resnet50_bottleneck": Bottleneck,
+          "mobilenetv3": lambda: MBConv(nn.Hardswish, nn.Hardsigmoid), "efficientnet": lambda: MBConv(nn.SiLU, nn.Sigmoid)}
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_architecture_blocks_run_as_one_graph(name):
+    torch.manual_seed(0)
+    model = randomize_bn(BLOCKS[name]()).eval()
+    check_graph(model, torch.randn(2, 3, 16, 16))
+
+
+def test_graph_sigmoid_and_silu_match_torch_elementwise():
+    """The core's vectorized exp: every element within 1e-6 relative (or 1e-30 absolute)."""
+    x = torch.cat([torch.linspace(-120, 120, 48001), torch.randn(20000) * 4]).reshape(-1, 1)
+    for act, fn in ((nn.SiLU(), F.silu), (nn.Sigmoid(), torch.sigmoid)):
+        model = nn.Sequential(nn.Linear(1, 1), act, nn.Linear(1, 1)).eval()
+        with torch.no_grad():
+            for lin in (model[0], model[2]):
+                lin.weight.fill_(1.0)
+                lin.bias.zero_()
+        f = check_fp32(model, x)
+        with torch.no_grad():
+            y, ref = f(x).double(), fn(x.double())
+        assert bool(((y - ref).abs() <= 1e-6 * ref.abs() + 1e-30).all()), float(((y - ref).abs() / ref.abs()).max())
