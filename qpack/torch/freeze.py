@@ -180,11 +180,26 @@ def _make_conv_converter(frozen_cls):
     return convert_conv
 
 
+def _quantized_activation(own_relu, activation):
+    """The clamp a torch.ao quantized layer fuses: its own ReLU (intrinsic ...ReLU
+    modules) and a following ReLU/ReLU6/Hardtanh. PyTorch's quantized ReLU and
+    hardtanh keep their input's qparams, so clamping before the layer's own
+    requantization gives the same uint8 values. False: the pair cannot fuse."""
+    if not own_relu or activation is None:
+        return "relu" if own_relu else activation
+    if activation in ("relu", "relu6"):
+        return activation
+    _, lo, hi = activation  # ("hardtanh", lo, hi) after a ReLU
+    return ("hardtanh", max(lo, 0.0), hi) if hi > max(lo, 0.0) else False
+
+
 def convert_quantized_linear(mod, ctx, bn=None, activation=None):
     """torch.ao.nn.quantized.Linear (and intrinsic LinearReLU): static int8, quint8 in and out."""
     import torch.ao.nn.intrinsic.quantized as nniq
     q, s = _q.legacy_int8_weight(mod.weight())
-    act = "relu" if isinstance(mod, nniq.LinearReLU) else None
+    act = _quantized_activation(isinstance(mod, nniq.LinearReLU), activation)
+    if act is False:
+        return None
     return FrozenLinear.make("int8_static", q, _bias_f32(mod.bias()), weight_scale=s, activation=act,
                              backend=ctx.backend, retain=ctx.retain, io="legacy", source="torch.ao",
                              output_scale=float(mod.scale), output_zero_point=int(mod.zero_point))
@@ -206,8 +221,10 @@ def _make_quantized_conv_converter(frozen_cls, relu_cls):
     def convert_quantized_conv(mod, ctx, bn=None, activation=None):
         if mod.padding_mode != "zeros":
             return None
+        act = _quantized_activation(isinstance(mod, relu_cls), activation)
+        if act is False:
+            return None
         q, s = _q.legacy_int8_weight(mod.weight())
-        act = "relu" if isinstance(mod, relu_cls) else None
         return frozen_cls.make("int8_static", q, _bias_f32(mod.bias()), weight_scale=s, activation=act,
                                stride=mod.stride, padding=mod.padding, dilation=mod.dilation, groups=mod.groups,
                                backend=ctx.backend, retain=ctx.retain, io="legacy", source="torch.ao",
@@ -230,14 +247,17 @@ def _default_mapping():
             import torch.ao.nn.quantized.dynamic as nnqd
     except ImportError:  # a future torch without torch.ao quantized modules
         return m
-    m[nnq.Linear] = Rule(convert_quantized_linear)
-    m[nniq.LinearReLU] = Rule(convert_quantized_linear)
+    # quantized layers fuse a following ReLU/ReLU6/Hardtanh (which keep qparams in PyTorch)
+    m[nnq.Linear] = Rule(convert_quantized_linear, fuse_activation=True)
+    m[nniq.LinearReLU] = Rule(convert_quantized_linear, fuse_activation=True)
     m[nnqd.Linear] = Rule(convert_dynamic_linear, fuse_activation=True)
     m[nniqd.LinearReLU] = Rule(convert_dynamic_linear)
-    m[nnq.Conv1d] = Rule(_make_quantized_conv_converter(FrozenConv1d, nniq.ConvReLU1d))
-    m[nniq.ConvReLU1d] = Rule(_make_quantized_conv_converter(FrozenConv1d, nniq.ConvReLU1d))
-    m[nnq.Conv2d] = Rule(_make_quantized_conv_converter(FrozenConv2d, nniq.ConvReLU2d))
-    m[nniq.ConvReLU2d] = Rule(_make_quantized_conv_converter(FrozenConv2d, nniq.ConvReLU2d))
+    m[nnq.Conv1d] = Rule(_make_quantized_conv_converter(FrozenConv1d, nniq.ConvReLU1d), fuse_activation=True)
+    m[nniq.ConvReLU1d] = Rule(_make_quantized_conv_converter(FrozenConv1d, nniq.ConvReLU1d),
+                              fuse_activation=True)
+    m[nnq.Conv2d] = Rule(_make_quantized_conv_converter(FrozenConv2d, nniq.ConvReLU2d), fuse_activation=True)
+    m[nniq.ConvReLU2d] = Rule(_make_quantized_conv_converter(FrozenConv2d, nniq.ConvReLU2d),
+                              fuse_activation=True)
     return m
 
 

@@ -82,6 +82,8 @@ def test_convert_fx_model_runs_as_one_graph(fx_model, backend):
     assert runner is not None and runner.num_segments == 1, qpack.graph_report(frozen)
     report = qpack.graph_report(frozen)
     assert "quantize" in report and "dequantize" in report
+    # the ReLU6 after the depthwise conv (it keeps qparams in PyTorch) is fused into the conv
+    assert "activation" not in report, report
     with torch.no_grad():
         for x in calib + [torch.randn(1, 3, 40, 24)]:
             ref, out = q(x), frozen(x)
