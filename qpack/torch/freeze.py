@@ -555,16 +555,19 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
     batches = example_inputs if isinstance(example_inputs, list) else [example_inputs]
     if any(isinstance(b, dict) for b in batches):
         return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FreezeWarning)  # a failed trace is reported by the fallback
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FreezeWarning)  # a failed trace is reported by the fallback
         fp32 = _freeze_layers(model, backend=backend, retain=True, inplace=False, example_inputs=None,
                               dtype=None, fuse=fuse, mapping=mapping)
     if isinstance(fp32, FROZEN_TYPES):
         return None
     try:
         gm = _g.trace(fp32)
-    except Exception:  # noqa: BLE001 - untraceable: the layer-by-layer freeze says so
-        return None
+    except Exception:  # noqa: BLE001 - untraceable: int8 graphs for the submodules that trace
+        frozen = _freeze_int8_parts(fp32, backend, retain, batches, show_progress)
+        for w in caught if frozen is not None else ():
+            warnings.warn(w.message, w.category, stacklevel=4)
+        return frozen
     try:
         segs = _g.segments(gm)
         if not segs:
@@ -574,30 +577,125 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
         return None
     if any(layer.mode != "f32" for seg in segs for layer in seg.layers):
         return None
-    replacements = {}
-    todo = [(seg, n) for seg in segs for n in seg.nodes if "layer" in n]
-    for seg, n in _g.progress(todo, len(todo), "qpack pack int8", show_progress):
-        layer = n["layer"]
-        if id(layer) in replacements:
-            continue
-        w, b = layer.unpack()
-        q, s = _q.quantize_weight_per_channel(w)
-        (in_s, in_zp), (out_s, out_zp) = qp[seg.values[n["inputs"][0]].name], qp[seg.values[n["output"]].name]
-        common = dict(weight_scale=s, activation=layer.activation, backend=backend, retain=retain,
-                      source="qpack_int8", folded_bn=layer._spec.get("folded_bn", False),
-                      input_scale=in_s, input_zero_point=in_zp, output_scale=out_s, output_zero_point=out_zp)
-        if isinstance(layer, (FrozenConv1d, FrozenConv2d)):
-            sp = layer._spec
-            new = type(layer).make("int8_static", q, b, stride=sp["stride"], padding=sp["padding"],
-                                   dilation=sp["dilation"], groups=sp["groups"], **common)
-        else:
-            new = FrozenLinear.make("int8_static", q, b, **common)
-        replacements[id(layer)] = new.train(False)
-    _swap(fp32, replacements)
+    _swap(fp32, _int8_graph_layers(segs, qp, backend, retain, show_progress))
     try:
         _g.attach(fp32, qp)
     except (_g.Unsupported, qpack_error):
         return None
+    return fp32
+
+
+def _int8_graph_layers(segs, qp, backend, retain, show_progress):
+    """{id(fp32 layer): its static int8 twin} for the layers of lowered segments,
+    on the per-edge qparams ``qp`` (by fx node name) of their input and output."""
+    from qpack.torch import graph as _g
+    replacements = {}
+    todo = [(seg, n) for seg in segs for n in seg.nodes if "layer" in n]
+    for seg, n in _g.progress(todo, len(todo), "qpack pack int8", show_progress):
+        layer = n["layer"]
+        if id(layer) not in replacements:
+            replacements[id(layer)] = _static_int8(layer, qp[seg.values[n["inputs"][0]].name],
+                                                   qp[seg.values[n["output"]].name], backend, retain)
+    return replacements
+
+
+def _static_int8(layer, in_qp, out_qp, backend, retain):
+    """A frozen fp32 layer's static int8 twin (per-channel weights; uint8 (scale, zero point) in and out)."""
+    w, b = layer.unpack()
+    q, s = _q.quantize_weight_per_channel(w)
+    common = dict(weight_scale=s, activation=layer.activation, backend=backend, retain=retain,
+                  source="qpack_int8", folded_bn=layer._spec.get("folded_bn", False),
+                  input_scale=in_qp[0], input_zero_point=in_qp[1], output_scale=out_qp[0], output_zero_point=out_qp[1])
+    if isinstance(layer, (FrozenConv1d, FrozenConv2d)):
+        sp = layer._spec
+        new = type(layer).make("int8_static", q, b, stride=sp["stride"], padding=sp["padding"],
+                               dilation=sp["dilation"], groups=sp["groups"], **common)
+    else:
+        new = FrozenLinear.make("int8_static", q, b, **common)
+    return new.train(False)
+
+
+def _freeze_int8_parts(fp32, backend, retain, batches, show_progress):
+    """A model whose own forward does not trace: static int8 graphs, calibrated per
+    edge, for the largest submodules that lower as whole graphs (attach_parts);
+    its other layers static int8 on their own calibrated input/output ranges (as
+    the layer-by-layer freeze makes them), or dynamic int8 linears / fp32 convs
+    where calibration never reached them. None when no submodule lowers."""
+    from qpack.torch import graph as _g
+    parts = {name: fp32.get_submodule(name) for name in _g.attach_parts(fp32)}
+    _g.detach(fp32)
+    lowered = {}
+    for name, part in parts.items():
+        try:
+            gm = _g.trace(part)
+            segs = _g.segments(gm)
+        except (_g.Unsupported, Exception):  # noqa: BLE001 - traced once already; skip it if not again
+            continue
+        if len(segs) == 1 and not any(layer.mode != "f32" for layer in segs[0].layers):
+            lowered[name] = (part, gm, segs)
+    if not lowered:
+        return None
+    layers = [m for m in fp32.modules() if isinstance(m, FROZEN_TYPES) and m.mode == "f32"]
+    inputs = {name: [] for name in lowered}
+    ranges = {}
+
+    def update(key, field, t):
+        if torch.is_tensor(t) and t.is_floating_point() and t.numel():
+            r = ranges.setdefault(key, {})
+            lo, hi = float(t.min()), float(t.max())
+            old = r.get(field)
+            r[field] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+
+    def record(mod, args, kwargs, name):
+        inputs[name].append(None if kwargs else args)  # (called with keywords: its graph would not run)
+
+    handles = [part.register_forward_pre_hook(lambda mod, args, kwargs, name=name: record(mod, args, kwargs, name),
+                                              with_kwargs=True)
+               for name, (part, _, _) in lowered.items()]
+    for layer in layers:
+        def hook(mod, args, out, key=id(layer)):
+            if args:
+                update(key, "in", args[0])
+            update(key, "out", out)
+        handles.append(layer.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            for batch in _g.progress(batches, len(batches), "qpack calibrate", show_progress):
+                fp32(*(batch if isinstance(batch, tuple) else (batch,)))
+    finally:
+        for h in handles:
+            h.remove()
+    replacements, qparams = {}, {}
+    for name, (part, gm, segs) in lowered.items():
+        if not inputs[name] or None in inputs[name]:
+            continue  # never called, or with keywords: its layers one by one
+        try:
+            qp = _g.qparams_by_name(segs, _g.calibrate(gm, inputs[name], False))
+        except Exception:  # noqa: BLE001 - its trace cannot run what its forward was given
+            continue
+        replacements.update(_int8_graph_layers(segs, qp, backend, retain, show_progress))
+        qparams[name] = qp
+    for layer in layers:
+        if id(layer) in replacements:
+            continue
+        r = ranges.get(id(layer), {})
+        if "in" in r and "out" in r:
+            replacements[id(layer)] = _static_int8(layer, _q.uint8_qparams(*r["in"]), _q.uint8_qparams(*r["out"]),
+                                                   backend, retain)
+        elif isinstance(layer, FrozenLinear):
+            w, b = layer.unpack()
+            q, s = _q.quantize_weight_per_channel(w)
+            replacements[id(layer)] = FrozenLinear.make(
+                "int8_dynamic", q, b, weight_scale=s, activation=layer.activation, backend=backend, retain=retain,
+                source="qpack_int8", folded_bn=layer._spec.get("folded_bn", False)).train(False)
+        elif retain is False:
+            layer.release_original()  # an fp32 convolution calibration never reached
+    _swap(fp32, replacements)
+    for name, qp in qparams.items():
+        try:
+            _g.attach(fp32.get_submodule(name), qp)
+        except (_g.Unsupported, qpack_error):
+            pass  # runs layer by layer
     return fp32
 
 

