@@ -37,6 +37,7 @@ NODE_KINDS = {                                      # qpack_node_kind (src/inclu
     6: "flatten", 7: "concat", 8: "activation", 9: "affine", 10: "quantize", 11: "dequantize",
     12: "mul",
     13: "channels",
+    14: "adaptive_avgpool2d",
 }
 ACTIVATIONS = {                                     # qpack_activation
     0: "none", 1: "relu", 2: "clamp", 3: "hardswish", 4: "sigmoid", 5: "gelu", 6: "silu",

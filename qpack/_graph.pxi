@@ -7,7 +7,7 @@ NODE_KINDS = {"conv2d": QPACK_NODE_CONV2D, "linear": QPACK_NODE_LINEAR, "add": Q
               "concat": QPACK_NODE_CONCAT, "activation": QPACK_NODE_ACTIVATION,
               "affine": QPACK_NODE_AFFINE, "quantize": QPACK_NODE_QUANTIZE,
               "dequantize": QPACK_NODE_DEQUANTIZE, "mul": QPACK_NODE_MUL,
-              "channels": QPACK_NODE_CHANNELS}
+              "channels": QPACK_NODE_CHANNELS, "adaptive_avgpool2d": QPACK_NODE_ADAPTIVE_AVGPOOL2D}
 ACTIVATIONS = {None: QPACK_ACT_NONE, "relu": QPACK_ACT_RELU, "clamp": QPACK_ACT_CLAMP,
                "hardswish": QPACK_ACT_HARDSWISH, "sigmoid": QPACK_ACT_SIGMOID,
                "gelu": QPACK_ACT_GELU, "silu": QPACK_ACT_SILU, "hardsigmoid": QPACK_ACT_HARDSIGMOID}

@@ -210,6 +210,7 @@ cdef extern from "qpack/qpack.h" nogil:
         QPACK_NODE_DEQUANTIZE
         QPACK_NODE_MUL
         QPACK_NODE_CHANNELS
+        QPACK_NODE_ADAPTIVE_AVGPOOL2D
 
     ctypedef enum qpack_activation:
         QPACK_ACT_NONE

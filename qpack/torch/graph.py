@@ -244,6 +244,13 @@ class _Lowering:
                 and _ints(node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size"), 2) == (1, 1)):
             self.emit_checked(node, "global_avgpool", [node.args[0]], keepdim=True)
             return
+        if isinstance(m, nn.AdaptiveAvgPool2d) or (node.op == "call_function" and node.target is F.adaptive_avg_pool2d):
+            size = m.output_size if m is not None else _dim_arg(node, 1, "output_size")
+            size = _ints(size, 2) if isinstance(size, (int, tuple, list)) else None
+            if size is None or not all(isinstance(v, int) and v >= 1 for v in size):
+                raise Unsupported("adaptive pooling to a size that keeps an input dim (None) or is traced")
+            self.emit_checked(node, "adaptive_avgpool2d", [node.args[0]], kernel=size)
+            return
         keep = _is_spatial_mean(node)
         if keep is not None:
             self.emit_checked(node, "global_avgpool", [node.args[0]], keepdim=keep)
@@ -273,7 +280,8 @@ class _Lowering:
         raise Unsupported(f"{node.op} {node.target}")
 
     # ops that keep their input's torch.ao qparams (what PyTorch's quantized kernels do)
-    _KEEPS_QPARAMS = ("activation", "maxpool2d", "avgpool2d", "global_avgpool", "flatten", "channels")
+    _KEEPS_QPARAMS = ("activation", "maxpool2d", "avgpool2d", "global_avgpool", "flatten", "channels",
+                      "adaptive_avgpool2d")
 
     def constant(self, a):
         """A number, or the one-element tensor a get_attr node names (convert_fx keeps

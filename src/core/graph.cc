@@ -48,6 +48,7 @@ const char* kind_name(qpack_node_kind k) {
     case QPACK_NODE_DEQUANTIZE: return "dequantize";
     case QPACK_NODE_MUL: return "mul";
     case QPACK_NODE_CHANNELS: return "channels";
+    case QPACK_NODE_ADAPTIVE_AVGPOOL2D: return "adaptive_avgpool2d";
   }
   return "unknown";
 }
@@ -270,6 +271,33 @@ void avg_pool(const T* __restrict x, Q q, const Shape& xs, const Shape& ys, cons
   });
 }
 
+// NHWC adaptive average pooling: output (oh, ow) averages rows [floor(oh H / OH),
+// ceil((oh + 1) H / OH)) and likewise columns, as PyTorch; in float on (x - zp) * scale.
+template <typename T, typename Out, typename Store>
+void adaptive_avg_pool(const T* __restrict x, Q q, const Shape& xs, const Shape& ys, const Store& out,
+                       Out* __restrict y) {
+  const int64_t H = xs.d[2], W = xs.d[3], C = xs.d[1], OH = ys.d[2], OW = ys.d[3];
+  parallel_range(ys.d[0] * OH, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> acc(static_cast<size_t>(C));
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t img = r / OH, oh = r % OH;
+      const int64_t hs = oh * H / OH, he = ((oh + 1) * H + OH - 1) / OH;
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const int64_t ws = ow * W / OW, we = ((ow + 1) * W + OW - 1) / OW;
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t h = hs; h < he; ++h) {
+          for (int64_t w = ws; w < we; ++w) sum_into(acc.data(), x + ((img * H + h) * W + w) * C, C);
+        }
+        const int64_t inside = (he - hs) * (we - ws);
+        const float inv = q.scale / static_cast<float>(std::max<int64_t>(inside, 1));
+        const float zp_sum = static_cast<float>(q.zp) * static_cast<float>(inside);
+        Out* __restrict o = y + ((img * OH + oh) * OW + ow) * C;
+        for (int64_t c = 0; c < C; ++c) o[c] = out((acc[c] - zp_sum) * inv);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 // ---- construction: types and wiring ----------------------------------------------
@@ -302,7 +330,7 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
   }
   for (size_t i = 0; i < nodes_.size(); ++i) {
     GraphNode& n = nodes_[i];
-    check(n.kind >= QPACK_NODE_CONV2D && n.kind <= QPACK_NODE_CHANNELS,
+    check(n.kind >= QPACK_NODE_CONV2D && n.kind <= QPACK_NODE_ADAPTIVE_AVGPOOL2D,
           QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " has an unknown kind ", static_cast<int>(n.kind));
     const char* kind = kind_name(n.kind);
     const size_t want = (n.kind == QPACK_NODE_ADD || n.kind == QPACK_NODE_MUL) ? 2
@@ -375,6 +403,10 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
         check(n.pad[a] >= 0 && n.pad[a] <= n.kernel[a % 2] / 2, QPACK_STATUS_INVALID_ARGUMENT,
               "node ", i, " (", kind, "): padding must be in [0, kernel / 2], as in PyTorch");
       }
+    }
+    if (n.kind == QPACK_NODE_ADAPTIVE_AVGPOOL2D) {
+      check(n.kernel[0] >= 1 && n.kernel[0] <= 4096 && n.kernel[1] >= 1 && n.kernel[1] <= 4096,
+            QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (adaptive_avgpool2d): output size must be in [1, 4096]");
     }
     if (n.kind == QPACK_NODE_CHANNELS) {
       check(n.kernel[0] >= 1 && n.kernel[0] <= (int64_t(1) << 24) && n.kernel[1] >= 0 &&
@@ -566,6 +598,11 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
       }
       return y;
     }
+    case QPACK_NODE_ADAPTIVE_AVGPOOL2D:
+      need_rank(x.rank == 4, "a rank-4 [N, C, H, W] input");
+      y.d[2] = n.kernel[0];
+      y.d[3] = n.kernel[1];
+      return y;
     case QPACK_NODE_CHANNELS:
       need_rank(x.rank >= 2 && x.d[1] % n.kernel[0] == 0 && (x.d[1] / n.kernel[0]) % n.stride[0] == 0,
                 "an input whose dim 1 divides into the parts, and each part into the groups");
@@ -987,6 +1024,13 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       }
       return;
     }
+    case QPACK_NODE_ADAPTIVE_AVGPOOL2D:
+      if (u8) {
+        adaptive_avg_pool(x, qx, xs, ys, [&](float v) { return qy.quant(v); }, y);
+      } else {
+        adaptive_avg_pool(xf, Q{1.0f, 0}, xs, ys, [](float v) { return v; }, yf);
+      }
+      return;
     case QPACK_NODE_CHANNELS: {
       // per outer row: the part's channels, gathered in shuffled order (runs of `inner`)
       int64_t outer, channels, inner;

@@ -34,7 +34,8 @@ struct GraphNode {
   int out = -1;
   std::shared_ptr<const Conv> conv;      // CONV2D, by reference
   std::shared_ptr<const Linear> linear;  // LINEAR, by reference
-  // pools; CHANNELS: kernel = {parts, part index}, stride[0] = shuffle groups
+  // pools; CHANNELS: kernel = {parts, part index}, stride[0] = shuffle groups;
+  // ADAPTIVE_AVGPOOL2D: kernel = output {H, W}
   int64_t kernel[2] = {1, 1}, stride[2] = {1, 1}, pad[4] = {0, 0, 0, 0};  // t, l, b, r
   bool ceil_mode = false, count_include_pad = true, keepdim = true;
   qpack_activation act = QPACK_ACT_NONE;

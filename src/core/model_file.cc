@@ -226,7 +226,7 @@ std::shared_ptr<Graph> read_graph(ByteReader& r, const std::vector<ModelOp>& ops
   std::vector<GraphNode> nodes(num_nodes);
   for (auto& n : nodes) {
     const uint32_t kind = r.get<uint32_t>();
-    r.expect(kind <= QPACK_NODE_CHANNELS, "node kind");
+    r.expect(kind <= QPACK_NODE_ADAPTIVE_AVGPOOL2D, "node kind");
     n.kind = static_cast<qpack_node_kind>(kind);
     n.in = get_ints(8, "node input count");
     r.expect(!n.in.empty(), "node input count");

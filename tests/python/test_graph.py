@@ -248,6 +248,8 @@ def per_edge_reference(f, x):
             p = n["padding"]
             r = F.avg_pool2d(a, n["kernel"], n["stride"], (p[0], p[1]), ceil_mode=n.get("ceil_mode", False),
                              count_include_pad=n.get("count_include_pad", True))
+        elif k == "adaptive_avgpool2d":
+            r = F.adaptive_avg_pool2d(a, n["kernel"])
         elif k == "global_avgpool":
             r = a.mean(tuple(range(2, a.dim())), keepdim=n.get("keepdim", True))
         elif k == "flatten":

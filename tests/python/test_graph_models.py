@@ -601,3 +601,31 @@ def test_real_minilm_runs_its_traceable_parts_as_graphs():
                                  backend=backend, retain=False, progress=False)
             assert len(G.graph_parts(q)) == 6
             assert float((embed(q) * ref).sum(-1).min()) > 0.9
+
+
+class AdaptiveHead(nn.Module):
+    """VGG / AlexNet: AdaptiveAvgPool2d to a fixed grid (often already the input's), flatten, classifier."""
+
+    def __init__(self, size, functional=False):
+        super().__init__()
+        self.size, self.functional = size, functional
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(inplace=True))
+        self.avgpool = nn.AdaptiveAvgPool2d(size)
+        self.classifier = nn.Sequential(nn.Dropout(), nn.Linear(4 * size[0] * size[1], 6), nn.ReLU(), nn.Linear(6, 3))
+
+    def forward(self, x):
+        y = self.features(x)
+        y = F.adaptive_avg_pool2d(y, self.size) if self.functional else self.avgpool(y)
+        return self.classifier(torch.flatten(y, 1))
+
+
+@pytest.mark.parametrize("size,hw,functional", [((7, 7), (7, 7), False), ((4, 4), (8, 8), False),
+                                                ((3, 5), (10, 11), True), ((6, 6), (5, 5), False)])
+def test_adaptive_avg_pool_to_a_grid_runs_as_one_graph(size, hw, functional):
+    torch.manual_seed(0)
+    model = AdaptiveHead(size, functional).eval()
+    x = torch.randn(2, 3, *hw)
+    f = check_fp32(model, x)
+    assert "adaptive_avgpool2d" in qpack.graph_report(f)
+    for backend in BACKENDS:
+        check_int8(model, x, backend)

@@ -403,6 +403,8 @@ typedef enum qpack_node_kind {
                                     (torch.chunk; C divisible), then a channel shuffle in
                                     stride_h groups (ShuffleNet): y[:, j] = part[:, (j % g) *
                                     (P / g) + j / g]; u8 qparams kept */
+  QPACK_NODE_ADAPTIVE_AVGPOOL2D = 14, /* [N, C, H, W] -> [N, C, kernel_h, kernel_w]: PyTorch's
+                                    adaptive windows [floor(i H / OH), ceil((i + 1) H / OH)) */
 } qpack_node_kind;
 
 typedef enum qpack_activation {
