@@ -188,8 +188,9 @@ def depthwise_cases():
 
 @pytest.mark.parametrize("case", depthwise_cases(), ids=lambda c: f"c{c['cin']}k{c['k'][0]}x{c['k'][1]}")
 def test_int8_depthwise_channels_last_matches_nchw(case):
-    """oneDNN backend, static int8 depthwise: channels-last data runs qpack's kernel (on AVX-512
-    VNNI CPUs), NCHW data oneDNN's. Both within 1 of PyTorch's x86 engine, and of each other."""
+    """oneDNN backend, static int8 depthwise (qpack's kernel on AVX-512 VNNI CPUs; NCHW data
+    reordered around it): channels-last and NCHW data within 1 of PyTorch's x86 engine, and of
+    each other."""
     conv = check_int8("onednn", case)
     w, ws, b, x = make_int8(case)
     nhwc = conv(x, scale=0.04, zero_point=117)

@@ -17,10 +17,10 @@
 // multiply (no int16 pair sums), so the fused primitive is exact there
 // (tests/python/test_no_vnni.py checks it with worst-case values).
 //
-// Static int8 depthwise convolutions on channels-last data run on qpack's
-// own kernel (depthwise_u8.h) where the CPU has AVX-512 VNNI, reading the
-// weights in the layout oneDNN packed them in (checked, never assumed);
-// elsewhere, and for NCHW data, on oneDNN's.
+// Static int8 depthwise convolutions run on qpack's own kernel
+// (depthwise_u8.h, channels-last; NCHW data is reordered around it) where the
+// CPU has AVX-512 VNNI, reading the weights in the layout oneDNN packed them
+// in (checked, never assumed); elsewhere on oneDNN's.
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -198,7 +198,7 @@ class OnednnConv final : public ConvKernel {
   void do_run_u8(const ConvShape& s, const uint8_t* x, float input_scale, int32_t input_zero_point,
                  uint8_t* y) const override {
     const RunQuant rq{input_scale, input_zero_point, spec_.output_scale, spec_.output_zero_point};
-    if (own_depthwise_ && s.x_layout == QPACK_LAYOUT_NHWC && s.y_layout == QPACK_LAYOUT_NHWC) {
+    if (own_depthwise_) {
       auto packed = std::atomic_load(&packed_);
       if (depthwise_blocked16(packed->md(), spec_)) {
         run_depthwise(s, *packed, x, rq, y);
@@ -377,9 +377,24 @@ class OnednnConv final : public ConvKernel {
     if (copy_dst) reorder(dst_m, dst_user);
   }
 
+  // qpack's depthwise kernel; NCHW data is reordered to channels-last around
+  // it (in per-thread buffers), as around a channels-last primitive.
   void run_depthwise(const ConvShape& s, const Packed& packed, const uint8_t* x,
                      const RunQuant& rq, uint8_t* y) const {
-    const DepthwiseU8 a{x, y, s.N, s.H, s.W, spec_.OC, s.OH, s.OW,
+    const memory::dims src_dims{s.N, spec_.IC, s.H, s.W}, dst_dims{s.N, spec_.OC, s.OH, s.OW};
+    const uint8_t* src = x;
+    uint8_t* dst = y;
+    if (s.x_layout == QPACK_LAYOUT_NCHW) {
+      memory::desc md(src_dims, dt::u8, tag::nhwc);
+      memory nhwc(md, engine(), thread_buffer(ThreadBuffer::nhwc_src, md.get_size()));
+      reorder(memory({src_dims, dt::u8, tag::nchw}, engine(), const_cast<uint8_t*>(x)), nhwc);
+      src = static_cast<const uint8_t*>(nhwc.get_data_handle());
+    }
+    if (s.y_layout == QPACK_LAYOUT_NCHW) {
+      const size_t size = memory::desc(dst_dims, dt::u8, tag::nhwc).get_size();
+      dst = static_cast<uint8_t*>(thread_buffer(ThreadBuffer::nhwc_dst, size));
+    }
+    const DepthwiseU8 a{src, dst, s.N, s.H, s.W, spec_.OC, s.OH, s.OW,
                         spec_.KH, spec_.KW, spec_.stride_h, spec_.stride_w, spec_.pad_t, spec_.pad_l,
                         spec_.dil_h, spec_.dil_w,
                         static_cast<const int8_t*>(packed.mem.get_data_handle()),
@@ -387,11 +402,15 @@ class OnednnConv final : public ConvKernel {
                         spec_.bias.empty() ? nullptr : spec_.bias.data(),
                         spec_.clamp_min, spec_.clamp_max, rq.dst_scale, rq.dst_zp};
     depthwise_u8(a, num_threads());
+    if (dst != y) {
+      reorder(memory({dst_dims, dt::u8, tag::nhwc}, engine(), dst),
+              memory({dst_dims, dt::u8, tag::nchw}, engine(), y));
+    }
     counters_.hit();
   }
 
   const bool split_;  // int8 without VNNI: split input, s32 primitive, C++ epilogue
-  // static int8 depthwise: qpack's kernel on channels-last data (depthwise_u8.h)
+  // static int8 depthwise: qpack's kernel (depthwise_u8.h)
   const bool own_depthwise_ = spec_.depthwise() && spec_.static_int8() &&
                               depthwise_u8_fits(spec_.KH, spec_.KW) &&
                               isa_has_avx512_vnni() && depthwise_u8_available();
