@@ -22,6 +22,7 @@
 // CPU has AVX-512 VNNI, reading the weights in the layout oneDNN packed them
 // in (checked, never assumed); elsewhere on oneDNN's.
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -49,6 +50,16 @@ struct Packed {
   std::shared_ptr<const void> keep;  // the model file mem points into, if any
   memory::desc md() const { return mem.get_desc(); }
 };
+
+// QPACK_ONEDNN_OWN_DEPTHWISE=0 keeps int8 depthwise convolutions on oneDNN's
+// kernel (read once; bench/bench_depthwise.py compares the two).
+bool own_depthwise_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("QPACK_ONEDNN_OWN_DEPTHWISE");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
 
 // True when md is the depthwise weight [C, 1, 1, KH, KW] in blocks of 16
 // channels, [C/16][KH][KW][16] (oneDNN's Abcde16a): what depthwise_u8 reads.
@@ -411,7 +422,7 @@ class OnednnConv final : public ConvKernel {
 
   const bool split_;  // int8 without VNNI: split input, s32 primitive, C++ epilogue
   // static int8 depthwise: qpack's kernel (depthwise_u8.h)
-  const bool own_depthwise_ = spec_.depthwise() && spec_.static_int8() &&
+  const bool own_depthwise_ = own_depthwise_enabled() && spec_.depthwise() && spec_.static_int8() &&
                               depthwise_u8_fits(spec_.KH, spec_.KW) &&
                               isa_has_avx512_vnni() && depthwise_u8_available();
   const Quant quant_;
