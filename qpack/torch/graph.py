@@ -13,6 +13,7 @@ layers one by one as before.
 import copy
 import operator
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -203,6 +204,24 @@ class _Lowering:
                 self.value_of[node] = src["output"]
                 return
             self.emit_checked(node, "activation", [node.args[0]], activation=name, act_min=lo, act_max=hi)
+            return
+        scalar = _scalar_affine(node)
+        if scalar is not None:
+            x, scale, shift = scalar
+            c = channels_of(x)
+            if c is None:
+                raise Unsupported("an op with a number on a value of unknown channel count")
+            last = self.nodes[-1] if self.nodes else None
+            if (last is not None and last["kind"] == "affine" and last["fx"] is x and len(x.users) == 1
+                    and self.value_of.get(x) not in self.qp and x not in self.input_nodes):
+                # (x * a + b) op c: one affine (its value now stands for this node: calibration, qparams)
+                last.update(scale=(last["scale"] * scale).astype(np.float32),
+                            shift=(last["shift"] * scale + shift).astype(np.float32), fx=node)
+                self.values[last["output"]] = node
+                self.value_of[node] = last["output"]
+                return
+            self.emit_checked(node, "affine", [x], scale=np.full(c, scale, np.float32),
+                              shift=np.full(c, shift, np.float32))
             return
         if ((node.op == "call_function" and node.target in (operator.add, torch.add, operator.iadd))
                 or (node.op == "call_method" and node.target in ("add", "add_"))):
@@ -425,9 +444,9 @@ _SAME_RANK_FUNCS = {F.relu, torch.relu, F.relu_, torch.relu_, F.relu6, F.hardtan
                     torch.sigmoid, F.silu, F.gelu, F.hardsigmoid, F.leaky_relu, torch.tanh, F.dropout, F.dropout2d,
                     F.layer_norm, F.interpolate, F.max_pool2d, F.avg_pool2d, torch.clamp, channel_part,
                     operator.add, operator.iadd, torch.add, operator.mul, operator.imul, torch.mul,
-                    operator.sub, operator.truediv, torch.cat}
+                    operator.sub, operator.isub, torch.sub, operator.truediv, operator.itruediv, torch.div, torch.cat}
 _SAME_RANK_METHODS = {"relu", "relu_", "sigmoid", "clamp", "clamp_", "contiguous", "add", "add_", "mul", "mul_",
-                      "transpose", "float"}
+                      "sub", "sub_", "div", "div_", "transpose", "float"}
 
 
 def rank_of(node):
@@ -526,6 +545,85 @@ def _is_transpose_12(node, x):
         dims = list(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else list(dims)
         return dims == [0, 2, 1, 3, 4]
     return False
+
+
+_SCALAR_OPS = {operator.add: "add", operator.iadd: "add", torch.add: "add", "add": "add", "add_": "add",
+               operator.sub: "sub", operator.isub: "sub", torch.sub: "sub", "sub": "sub", "sub_": "sub",
+               operator.mul: "mul", operator.imul: "mul", torch.mul: "mul", "mul": "mul", "mul_": "mul",
+               operator.truediv: "div", operator.itruediv: "div", torch.div: "div", "div": "div", "div_": "div"}
+
+
+def _scalar_affine(node):
+    """(x, scale, shift) when node is x + c, c + x, x - c, c - x, x * c, c * x or
+    x / c for a number c (written-out Hardswish: x * relu6(x + 3) / 6), else None."""
+    op = node.target if node.op in ("call_function", "call_method") else None
+    kind = _SCALAR_OPS.get(op) if isinstance(op, str) == (node.op == "call_method") else None
+    if kind is None or len(node.args) != 2 or node.kwargs:
+        return None
+    a, b = node.args
+    num = (int, float)
+    if isinstance(a, torch.fx.Node) and isinstance(b, num) and not isinstance(b, bool):
+        x, c, x_first = a, float(b), True
+    elif isinstance(b, torch.fx.Node) and isinstance(a, num) and not isinstance(a, bool) and node.op == "call_function":
+        x, c, x_first = b, float(a), False
+    else:
+        return None
+    if kind == "add":
+        return x, 1.0, c
+    if kind == "sub":
+        return (x, 1.0, -c) if x_first else (x, -1.0, c)
+    if kind == "mul":
+        return x, c, 0.0
+    if kind == "div" and x_first and c != 0.0:
+        return x, 1.0 / c, 0.0
+    return None
+
+
+def channels_of(node):
+    """Dim 1 of a node's value where canonicalize() could tell it (None: not known)."""
+    return node.meta.get("qpack_channels") if isinstance(node, torch.fx.Node) else None
+
+
+def _channels(node, modules):
+    """Dim 1 of a node's value from its layer or its inputs', or None."""
+    x = node.args[0] if node.args else None
+    if node.op == "call_module":
+        m = modules.get(node.target)
+        if isinstance(m, (FrozenConv1d, FrozenConv2d, nn.Conv1d, nn.Conv2d)):
+            return m.out_channels
+        if isinstance(m, (FrozenLinear, nn.Linear)):
+            return m.out_features if rank_of(node) == 2 else None
+        if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
+            return m.num_features
+        if isinstance(m, nn.Flatten):
+            return channels_of(x) if rank_of(x) == 2 else None
+        if isinstance(m, _SAME_RANK_MODULES + _RANK4_MODULES + _RANK3_MODULES) and not isinstance(m, nn.LayerNorm):
+            return channels_of(x)
+        return None
+    if node.op == "call_function" and node.target is torch.cat:
+        cs = [channels_of(t) for t in x] if isinstance(x, (tuple, list)) else [None]
+        return sum(cs) if None not in cs and _dim_arg(node, 1, "dim", 0) == 1 else None
+    if node.op == "call_function" and node.target is channel_part:
+        c = channels_of(x)
+        return c // node.args[1] if c is not None and c % node.args[1] == 0 else None
+    if _scalar_affine(node) is not None:
+        return channels_of(_scalar_affine(node)[0])
+    if (node.op == "call_function" and node.target in _SAME_RANK_FUNCS - {torch.cat, F.layer_norm}) or (
+            node.op == "call_method" and node.target in _SAME_RANK_METHODS - {"transpose"}):
+        cs = {channels_of(a) for a in node.args if isinstance(a, torch.fx.Node)} - {None}
+        return cs.pop() if len(cs) == 1 else None
+    if node.op == "call_function" and node.target in (F.adaptive_avg_pool2d, F.adaptive_avg_pool1d):
+        return channels_of(x)
+    mean = _mean_dims(node)
+    if mean is not None and 1 not in mean[1]:
+        return channels_of(x)
+    if (node.op == "call_function" and node.target is torch.flatten) or (
+            node.op == "call_method" and node.target == "flatten"):
+        r = rank_of(x)
+        unit = x.meta.get("qpack_unit", frozenset()) if isinstance(x, torch.fx.Node) else frozenset()
+        if rank_of(node) == 2 and r is not None and set(range(2, r)) <= unit:
+            return channels_of(x)
+    return None
 
 
 def _rank(node, modules):
@@ -712,6 +810,7 @@ def canonicalize(gm):
         node.meta["qpack_rank"] = _rank(node, modules) if node.op != "call_function" or \
             node.target is not channel_part else rank_of(node.args[0])
         node.meta["qpack_unit"] = _unit_dims(node, modules)
+        node.meta["qpack_channels"] = _channels(node, modules)
         batch = _batch(node, modules)
         if batch is not node:
             node.meta["qpack_batch"] = batch

@@ -629,3 +629,40 @@ def test_adaptive_avg_pool_to_a_grid_runs_as_one_graph(size, hw, functional):
     assert "adaptive_avgpool2d" in qpack.graph_report(f)
     for backend in BACKENDS:
         check_int8(model, x, backend)
+
+
+class WrittenOut(nn.Module):
+    """Hardswish / Hardsigmoid written with numbers (x * relu6(x + 3) / 6), an
+    affine chain ((1 - x) * 0.5 - 2), a scaled output: affine nodes, one graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2, self.fc = nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 1), nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = self.c1(x)
+        x = x * F.relu6(x + 3.0) / 6.0
+        x = x * (F.relu6(self.c2(x) + 3) / 6)
+        x = (1 - x) * 0.5 - 2
+        return self.fc(x.mean((2, 3))) / 2
+
+
+def test_ops_with_numbers_run_as_affine_nodes():
+    torch.manual_seed(0)
+    model = WrittenOut().eval()
+    x = torch.randn(2, 3, 9, 9)
+    f = check_fp32(model, x)
+    assert qpack.graph_report(f).count("affine") == 6  # + 3, / 6, + 3, / 6, the (1 - x) * 0.5 - 2 chain, / 2
+    for backend in BACKENDS:
+        check_int8(model, x, backend)
+
+
+def test_numbers_on_values_of_unknown_channels_stay_in_pytorch():
+    class M(nn.Module):
+        def forward(self, x):
+            return F.relu(x * 2 + 1)
+
+    model = M().eval()
+    x = torch.randn(3, 5)
+    f = check_fp32(nn.Sequential(M(), nn.Linear(5, 2)).eval(), x, want=None)
+    assert "affine" not in (qpack.graph_report(f) or "")
