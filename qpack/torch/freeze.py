@@ -499,8 +499,9 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
       stay NHWC between ops and, for ``dtype="int8"`` with
       ``example_inputs``, uint8 with parameters calibrated per edge
       (``frozen.forward.report()`` lists the plan). Otherwise, or with
-      ``graph=False``, the layers run one by one. ``qpack.graph_report(frozen)``
-      prints the plan.
+      ``graph=False``, the layers run one by one; a model whose own forward
+      does not trace gets graphs for its submodules that do.
+      ``qpack.graph_report(frozen)`` prints the plan.
     - ``progress``: a tqdm bar over calibration batches and int8 packing
       (None: when stderr is a terminal and tqdm is installed).
 
