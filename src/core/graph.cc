@@ -927,7 +927,16 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
         for (int64_t r = lo; r < hi; ++r) {
           const int64_t base = r * C, sbase = per_channel ? (r / HW) * C : base;
           if (u8) {
-            for (int64_t c = 0; c < C; ++c) y[base + c] = qy.quant(qa.deq(big[base + c]) * qb.deq(small[sbase + c]));
+            // (a - za) (b - zb) sa sb / sy rounded half-even (the 1.5 * 2^23 trick, which
+            // vectorizes where nearbyint does not), + zy, clamped: qy.quant of the product
+            const float k = qa.scale * qb.scale / qy.scale, zy = static_cast<float>(qy.zp);
+            for (int64_t c = 0; c < C; ++c) {
+              float v = static_cast<float>(static_cast<int32_t>(big[base + c]) - qa.zp) *
+                        static_cast<float>(static_cast<int32_t>(small[sbase + c]) - qb.zp) * k;
+              v = std::min(std::max(v, -512.0f), 512.0f);
+              v = (v + 12582912.0f) - 12582912.0f + zy;
+              y[base + c] = static_cast<uint8_t>(std::min(std::max(v, 0.0f), 255.0f));
+            }
           } else {
             for (int64_t c = 0; c < C; ++c) yf[base + c] = bigf[base + c] * smallf[sbase + c];
           }
