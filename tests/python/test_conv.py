@@ -169,12 +169,13 @@ def test_int8_grid(backend, case):
 
 
 def depthwise_cases():
-    """Static int8 depthwise convolutions around qpack's own oneDNN-backend kernel: channel
-    counts on and off its 64- and 32-channel blocks, windows up to 8x8 (and 9x9, past it),
-    strides, dilations, asymmetric padding, batches."""
+    """Static int8 depthwise convolutions around qpack's own oneDNN-backend kernel (64
+    channels and more): channel counts on and off its 64- and 32-channel blocks (and below 64,
+    on oneDNN's kernel), windows up to 8x8 (and 9x9, past it), strides, dilations, asymmetric
+    padding, batches."""
     rng = random.Random(7)
     out = []
-    for ch in (1, 8, 16, 17, 31, 32, 33, 48, 63, 64, 65, 96, 100, 144, 200):
+    for ch in (1, 32, 63, 64, 65, 80, 96, 100, 127, 128, 144, 160, 200, 255, 264):
         k = rng.choice([(3, 3), (3, 3), (5, 5), (7, 7), (1, 3), (8, 8), (9, 9)])
         stride, dilation = (rng.randint(1, 2), rng.randint(1, 2)), (rng.choice([1, 1, 2]),) * 2
         padding = (rng.randint(0, k[0] // 2), rng.randint(0, k[1] // 2))

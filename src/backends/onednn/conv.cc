@@ -51,14 +51,11 @@ struct Packed {
   memory::desc md() const { return mem.get_desc(); }
 };
 
-// QPACK_ONEDNN_OWN_DEPTHWISE=0 keeps int8 depthwise convolutions on oneDNN's
-// kernel (read once; bench/bench_depthwise.py compares the two).
+// QPACK_ONEDNN_OWN_DEPTHWISE=0 when a convolution is made keeps it on oneDNN's
+// kernel (bench/bench_depthwise.py compares the two).
 bool own_depthwise_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("QPACK_ONEDNN_OWN_DEPTHWISE");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  return on;
+  const char* v = std::getenv("QPACK_ONEDNN_OWN_DEPTHWISE");
+  return v == nullptr || std::string(v) != "0";
 }
 
 // True when md is the depthwise weight [C, 1, 1, KH, KW] in blocks of 16
@@ -423,7 +420,7 @@ class OnednnConv final : public ConvKernel {
   const bool split_;  // int8 without VNNI: split input, s32 primitive, C++ epilogue
   // static int8 depthwise: qpack's kernel (depthwise_u8.h)
   const bool own_depthwise_ = own_depthwise_enabled() && spec_.depthwise() && spec_.static_int8() &&
-                              depthwise_u8_fits(spec_.KH, spec_.KW) &&
+                              depthwise_u8_fits(spec_.KH, spec_.KW, spec_.OC) &&
                               isa_has_avx512_vnni() && depthwise_u8_available();
   const Quant quant_;
   mutable std::shared_ptr<const Packed> packed_;  // atomic_load/store only

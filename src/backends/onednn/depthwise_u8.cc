@@ -323,13 +323,13 @@ bool depthwise_u8_available() {
 
 void depthwise_u8(const DepthwiseU8& a, int threads) { run(a, threads); }
 
-bool depthwise_u8_fits(int64_t KH, int64_t KW) { return KH * KW <= kMaxTaps; }
+bool depthwise_u8_fits(int64_t KH, int64_t KW, int64_t C) { return KH * KW <= kMaxTaps && C >= 64; }
 
 #else  // not x86-64: oneDNN's own kernel runs
 
 bool depthwise_u8_available() { return false; }
 void depthwise_u8(const DepthwiseU8&, int) {}
-bool depthwise_u8_fits(int64_t, int64_t) { return false; }
+bool depthwise_u8_fits(int64_t, int64_t, int64_t) { return false; }
 
 #endif
 
