@@ -150,6 +150,14 @@ struct Q {
   uint8_t quant(float v) const { return quantize_u8(v, scale, zp); }
 };
 
+// round-half-even(v) + zp clamped to [0, 255], by the 1.5 * 2^23 trick (which
+// vectorizes where nearbyint does not); |v| is clamped first so the trick holds.
+inline uint8_t round_u8(float v, float zp) {
+  v = std::min(std::max(v, -512.0f), 512.0f);
+  v = (v + 12582912.0f) - 12582912.0f + zp;
+  return static_cast<uint8_t>(std::min(std::max(v, 0.0f), 255.0f));
+}
+
 uint8_t* thread_workspace(size_t size) {
   struct Deleter {
     void operator()(uint8_t* p) const { std::free(p); }
@@ -931,11 +939,9 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
             // vectorizes where nearbyint does not), + zy, clamped: qy.quant of the product
             const float k = qa.scale * qb.scale / qy.scale, zy = static_cast<float>(qy.zp);
             for (int64_t c = 0; c < C; ++c) {
-              float v = static_cast<float>(static_cast<int32_t>(big[base + c]) - qa.zp) *
-                        static_cast<float>(static_cast<int32_t>(small[sbase + c]) - qb.zp) * k;
-              v = std::min(std::max(v, -512.0f), 512.0f);
-              v = (v + 12582912.0f) - 12582912.0f + zy;
-              y[base + c] = static_cast<uint8_t>(std::min(std::max(v, 0.0f), 255.0f));
+              y[base + c] = round_u8(static_cast<float>(static_cast<int32_t>(big[base + c]) - qa.zp) *
+                                         static_cast<float>(static_cast<int32_t>(small[sbase + c]) - qb.zp) * k,
+                                     zy);
             }
           } else {
             for (int64_t c = 0; c < C; ++c) yf[base + c] = bigf[base + c] * smallf[sbase + c];
@@ -1026,7 +1032,8 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
           if (!requant) {
             std::memcpy(dst, src, static_cast<size_t>(run) * es);
           } else {
-            for (int64_t k = 0; k < run; ++k) dst[k] = qy.quant(qi.deq(src[k]));
+            const float m = qi.scale / qy.scale, zi = static_cast<float>(qi.zp), zy = static_cast<float>(qy.zp);
+            for (int64_t k = 0; k < run; ++k) dst[k] = round_u8((static_cast<float>(src[k]) - zi) * m, zy);
           }
         }
         at += c2;
@@ -1088,14 +1095,27 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
     case QPACK_NODE_AFFINE: {
       int64_t outer, channels, inner;
       split_channels(xs, &outer, &channels, &inner);
+      // u8: ((x - zx) sx s + t) / sy as (x - zx) m[c] + b[c], rounded as the other u8 nodes
+      std::vector<float> m(u8 ? static_cast<size_t>(channels) : 0), bias(m.size());
+      for (size_t c = 0; c < m.size(); ++c) {
+        m[c] = qx.scale * n.affine_scale[c] / qy.scale;
+        bias[c] = n.affine_shift[c] / qy.scale;
+      }
+      const float zx = static_cast<float>(qx.zp), zy = static_cast<float>(qy.zp);
       parallel_range(outer, 1, [&](int64_t b, int64_t e) {
         for (int64_t o = b; o < e; ++o) {
+          if (u8 && inner == 1) {  // NHWC: a pixel's channels
+            const uint8_t* xr = x + o * channels;
+            uint8_t* yr = y + o * channels;
+            for (int64_t c = 0; c < channels; ++c) yr[c] = round_u8((static_cast<float>(xr[c]) - zx) * m[c] + bias[c], zy);
+            continue;
+          }
           for (int64_t c = 0; c < channels; ++c) {
             const float s = n.affine_scale[c], t = n.affine_shift[c];
             const int64_t base = (o * channels + c) * inner;
             for (int64_t k = base; k < base + inner; ++k) {
               if (u8) {
-                y[k] = qy.quant(qx.deq(x[k]) * s + t);
+                y[k] = round_u8((static_cast<float>(x[k]) - zx) * m[c] + bias[c], zy);
               } else {
                 yf[k] = xf[k] * s + t;
               }
