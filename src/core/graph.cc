@@ -75,39 +75,6 @@ float activate(qpack_activation act, float lo, float hi, float x) {
   return x;
 }
 
-// exp(x) in straight-line float code the compiler vectorizes (std::exp is a
-// call per element): 2^n * e^r with |r| <= ln2 / 2, Cephes' expf polynomial
-// (about 1 ulp); x clamped to where 2^n stays a normal float.
-inline float exp_vec(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  const float t = x * 1.44269504088896341f + 0.5f;
-  int32_t n = static_cast<int32_t>(t);
-  n -= static_cast<float>(n) > t ? 1 : 0;  // floor
-  const float fn = static_cast<float>(n);
-  float r = x - fn * 0.693359375f;
-  r -= fn * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (n + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
-// f32 sigmoid / SiLU over [b, e) (what the graph's elementwise nodes spend most on)
-void sigmoid_silu_f32(bool silu, const float* __restrict x, float* __restrict y, int64_t b, int64_t e) {
-  if (silu) {
-    for (int64_t i = b; i < e; ++i) y[i] = x[i] / (1.0f + exp_vec(-x[i]));
-  } else {
-    for (int64_t i = b; i < e; ++i) y[i] = 1.0f / (1.0f + exp_vec(-x[i]));
-  }
-}
-
 // Storage of a value as outer x channels x inner (channels: logical dim 1):
 // NHWC rank-4 is (N*H*W, C, 1); rank 2 is (N, C, 1); rank 3 (N, C, L).
 void split_channels(const Shape& s, int64_t* outer, int64_t* channels, int64_t* inner) {
@@ -1085,8 +1052,6 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
           for (int64_t i = b; i < e; ++i) y[i] = lut[x[i]];
         } else if (n.act == QPACK_ACT_RELU) {
           for (int64_t i = b; i < e; ++i) yf[i] = std::max(xf[i], 0.0f);
-        } else if (n.act == QPACK_ACT_SIGMOID || n.act == QPACK_ACT_SILU) {
-          sigmoid_silu_f32(n.act == QPACK_ACT_SILU, xf, yf, b, e);
         } else {
           for (int64_t i = b; i < e; ++i) yf[i] = activate(n.act, n.act_min, n.act_max, xf[i]);
         }
