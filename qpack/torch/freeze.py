@@ -616,16 +616,6 @@ def _static_int8(layer, in_qp, out_qp, backend, retain):
     return new.train(False)
 
 
-def _worth_int8(seg):
-    """An int8 graph part pays for the quantize / dequantize at its edges when
-    u8 flows from layer to layer (2 or more) and a layer reads an input or
-    writes an output (the edges a layer-by-layer int8 layer converts anyway);
-    a squeeze-excitation part (pool, tiny convs, mul on the big input) does not."""
-    layer_nodes = [n for n in seg.nodes if "layer" in n]
-    return len(seg.layers) >= 2 and any(
-        set(n["inputs"]) & set(seg.inputs) or n["output"] in seg.outputs for n in layer_nodes)
-
-
 def _freeze_int8_parts(fp32, backend, retain, batches, show_progress):
     """A model whose own forward does not trace: static int8 graphs, calibrated per
     edge, for the largest submodules that lower as whole graphs (attach_parts);
@@ -642,7 +632,7 @@ def _freeze_int8_parts(fp32, backend, retain, batches, show_progress):
             segs = _g.segments(gm)
         except (_g.Unsupported, Exception):  # noqa: BLE001 - traced once already; skip it if not again
             continue
-        if len(segs) == 1 and not any(layer.mode != "f32" for layer in segs[0].layers) and _worth_int8(segs[0]):
+        if len(segs) == 1 and not any(layer.mode != "f32" for layer in segs[0].layers):
             lowered[name] = (part, gm, segs)
     if not lowered:
         return None

@@ -1279,6 +1279,17 @@ def _restore_graph_module(fn, args, had_runner, qparams):
     return gm
 
 
+def worth_part(nodes, inputs, outputs, num_layers):
+    """A submodule's graph pays for the crossings at its edges (NHWC / u8
+    conversions of its inputs and outputs) when values flow between 2 or more
+    layers and a layer reads an input or writes an output (edges a layer run
+    by itself converts anyway); a squeeze-excitation part (pool, tiny convs,
+    then a mul over the big input) or a lone layer with an activation does not."""
+    return num_layers >= 2 and any(
+        ("layer" in n or "layer_index" in n) and (set(n["inputs"]) & set(inputs) or n["output"] in outputs)
+        for n in nodes)
+
+
 def attach_parts(model, qparams_of=None):
     """Graphs for the largest submodules that trace, when ``model`` itself does
     not (a forward with Python control flow on its inputs, keyword outputs...):
@@ -1291,10 +1302,12 @@ def attach_parts(model, qparams_of=None):
             continue
         try:
             runner = attach(child, qparams_of(child) if qparams_of else None)
-            if runner._gm is None and runner.info()["num_nodes"] >= 2:
+            seg = runner._segments[0]
+            if runner._gm is None and worth_part(seg.spec["nodes"], seg.spec["inputs"], seg.spec["outputs"],
+                                                 len(seg.layers)):
                 attached[name] = runner
                 continue
-            # PyTorch inside it, or a lone layer: the graph would only add crossings; its children may do better
+            # PyTorch inside it, or too little for its edges' crossings: its children may do better
             detach(child)
         except Unsupported as e:
             if not str(e).startswith("trace"):
@@ -1351,5 +1364,5 @@ def progress(iterable, total, desc, enabled):
 
 
 __all__ = ["GraphRunner", "Segment", "Unsupported", "attach", "attach_parts", "calibrate", "detach", "graph_parts",
-           "graph_report",
+           "graph_report", "worth_part",
            "progress", "qparams_by_name", "runner_of", "segments", "value_qparams"]
