@@ -13,6 +13,7 @@
 #include "core/parallel.h"
 #include "core/quant.h"
 #include "core/registry.h"
+#include "core/vec_math.h"
 
 namespace qpack {
 
@@ -1052,7 +1053,7 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
           for (int64_t i = b; i < e; ++i) y[i] = lut[x[i]];
         } else if (n.act == QPACK_ACT_RELU) {
           for (int64_t i = b; i < e; ++i) yf[i] = std::max(xf[i], 0.0f);
-        } else {
+        } else if (!activate_f32_vector(n.act, xf + b, yf + b, e - b)) {
           for (int64_t i = b; i < e; ++i) yf[i] = activate(n.act, n.act_min, n.act_max, xf[i]);
         }
       });

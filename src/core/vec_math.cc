@@ -1,0 +1,108 @@
+#include "core/vec_math.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define QPACK_VEC_X86 1
+#endif
+
+namespace qpack {
+
+#ifdef QPACK_VEC_X86
+namespace {
+
+// Cephes expf: n = round(x log2 e), r = x - n ln 2 (in two parts), exp(r)
+// by a degree-5 polynomial, times 2^n.
+constexpr float kExpHi = 88.3762626647949f, kExpLo = -88.3762626647949f;
+constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f,
+                kP3 = 4.1665795894e-2f, kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
+
+#define QPACK_AVX512 __attribute__((target("avx512f")))
+#define QPACK_AVX2 __attribute__((target("avx2,fma")))
+
+QPACK_AVX512 inline __m512 exp512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpLo)), _mm512_set1_ps(kExpHi));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kP0);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+QPACK_AVX2 inline __m256 exp256(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpLo)), _mm256_set1_ps(kExpHi));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kP0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP5));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  // 2^n through the exponent bits (n in [-127, 128] after the clamp)
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// sigmoid(x) = 1 / (1 + exp(-x)); SiLU = x sigmoid(x)
+QPACK_AVX512 void run512(bool silu, const float* x, float* y, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+    _mm512_mask_storeu_ps(y + i, m, silu ? _mm512_mul_ps(v, s) : s);
+  }
+}
+
+QPACK_AVX2 void run256(bool silu, const float* x, float* y, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+    _mm256_storeu_ps(y + i, silu ? _mm256_mul_ps(v, s) : s);
+  }
+  if (i < n) {  // the tail through a full vector on the stack
+    alignas(32) float t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = i; j < n; ++j) t[j - i] = x[j];
+    run256(silu, t, t, 8);
+    for (int64_t j = i; j < n; ++j) y[j] = t[j - i];
+  }
+}
+
+}  // namespace
+
+bool activate_f32_vector(qpack_activation act, const float* x, float* y, int64_t n) {
+  if (act != QPACK_ACT_SIGMOID && act != QPACK_ACT_SILU) return false;
+  static const int isa = __builtin_cpu_supports("avx512f")                                   ? 2
+                         : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1
+                                                                                             : 0;
+  if (isa == 2) {
+    run512(act == QPACK_ACT_SILU, x, y, n);
+  } else if (isa == 1) {
+    run256(act == QPACK_ACT_SILU, x, y, n);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+#else
+
+bool activate_f32_vector(qpack_activation, const float*, float*, int64_t) { return false; }
+
+#endif
+
+}  // namespace qpack

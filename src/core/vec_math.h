@@ -1,0 +1,19 @@
+// Elementwise float functions of the graph's activation nodes, vectorized
+// with AVX-512F or AVX2+FMA where the CPU has them (chosen at run time; the
+// core is built for the baseline ISA). exp is Cephes' single-precision
+// polynomial on a range reduction by ln 2 (within 2 ulp of std::exp on
+// [-87, 88]); sigmoid and SiLU divide exactly. Elsewhere the callers' scalar
+// loops run.
+#pragma once
+
+#include <cstdint>
+
+#include "qpack/qpack.h"
+
+namespace qpack {
+
+// y[i] = act(x[i]) for SIGMOID and SILU (x and y may be the same array);
+// false, and nothing written, for other activations or without the ISA.
+bool activate_f32_vector(qpack_activation act, const float* x, float* y, int64_t n);
+
+}  // namespace qpack
