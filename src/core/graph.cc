@@ -697,10 +697,12 @@ GraphPlan Graph::make_plan(const qpack_tensor* inputs) const {
     const GraphNode& n = nodes_[i];
     p.on_backend[i] = n.backend_op && n.backend_op->accepts(p.shapes[n.in[0]], p.shapes[n.out]);
   }
-  // A quantize of an NCHW input whose readers are all convolutions keeps NCHW:
-  // the convolution converts u8 (oneDNN's reorder), a quarter of the f32 bytes.
+  // A quantize of an NCHW input of few channels (an image's 3) whose readers
+  // are all convolutions keeps NCHW: the convolution converts u8 (oneDNN's
+  // reorder), faster there than the quantize's element-wise transpose. From
+  // 16 channels the quantize's block transpose is the faster.
   for (const auto& n : nodes_) {
-    if (n.kind != QPACK_NODE_QUANTIZE || !p.nchw[n.in[0]]) continue;
+    if (n.kind != QPACK_NODE_QUANTIZE || !p.nchw[n.in[0]] || p.shapes[n.out].d[1] >= 16) continue;
     bool convs_only = std::find(outputs_.begin(), outputs_.end(), n.out) == outputs_.end();
     for (const auto& m : nodes_) {
       if (std::find(m.in.begin(), m.in.end(), n.out) != m.in.end() && m.kind != QPACK_NODE_CONV2D) {

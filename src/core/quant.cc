@@ -1,4 +1,5 @@
 #include "core/quant.h"
+#include "core/vec_math.h"
 
 #include <algorithm>
 #include <memory>
@@ -141,7 +142,9 @@ void quantize_u8_array(const float* x, int64_t n, QParams q, uint8_t* out) {
   const float inv_scale = 1.0f / q.scale;
   const float zp = static_cast<float>(q.zero_point);
   parallel_chunks(n, kParallelGrain, num_threads(), [&](int, int64_t begin, int64_t end) {
-    quantize_range(x + begin, end - begin, inv_scale, zp, out + begin);
+    if (!quantize_u8_vector(x + begin, end - begin, inv_scale, zp, out + begin)) {
+      quantize_range(x + begin, end - begin, inv_scale, zp, out + begin);
+    }
   });
 }
 

@@ -1,4 +1,4 @@
-// Elementwise float functions of the graph's activation nodes, vectorized
+// Elementwise float functions of the graph's nodes, vectorized
 // with AVX-512F or AVX2+FMA where the CPU has them (chosen at run time; the
 // core is built for the baseline ISA). exp is Cephes' single-precision
 // polynomial on a range reduction by ln 2 (within 2 ulp of std::exp on
@@ -15,5 +15,10 @@ namespace qpack {
 // y[i] = act(x[i]) for SIGMOID and SILU (x and y may be the same array);
 // false, and nothing written, for other activations or without the ISA.
 bool activate_f32_vector(qpack_activation act, const float* x, float* y, int64_t n);
+
+// y[i] = clamp(round_half_even(x[i] * inv_scale) + zero_point, 0, 255), the
+// rounding PyTorch's quantize uses, exactly as quant.cc's scalar loop (finite
+// x); false, and nothing written, without AVX-512F / AVX2.
+bool quantize_u8_vector(const float* x, int64_t n, float inv_scale, float zero_point, uint8_t* y);
 
 }  // namespace qpack
