@@ -81,6 +81,24 @@ float activate(qpack_activation act, float lo, float hi, float x) {
   return x;
 }
 
+// activate() over a range, the activation chosen once so that the clamp-like
+// ones vectorize (same values as activate()).
+void activate_range(qpack_activation act, float lo, float hi, const float* x, int64_t n, float* y) {
+  switch (act) {
+    case QPACK_ACT_CLAMP:
+      for (int64_t i = 0; i < n; ++i) y[i] = std::min(std::max(x[i], lo), hi);
+      return;
+    case QPACK_ACT_HARDSWISH:
+      for (int64_t i = 0; i < n; ++i) y[i] = x[i] * std::min(std::max(x[i] + 3.0f, 0.0f), 6.0f) / 6.0f;
+      return;
+    case QPACK_ACT_HARDSIGMOID:
+      for (int64_t i = 0; i < n; ++i) y[i] = std::min(std::max(x[i] + 3.0f, 0.0f), 6.0f) / 6.0f;
+      return;
+    default:
+      for (int64_t i = 0; i < n; ++i) y[i] = activate(act, lo, hi, x[i]);
+  }
+}
+
 // Storage of a value as outer x channels x inner (channels: logical dim 1):
 // NHWC rank-4 is (N*H*W, C, 1); rank 2 is (N, C, 1); rank 3 (N, C, L).
 void split_channels(const Shape& s, int64_t* outer, int64_t* channels, int64_t* inner) {
@@ -1128,7 +1146,7 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
         } else if (n.act == QPACK_ACT_RELU) {
           for (int64_t i = b; i < e; ++i) yf[i] = std::max(xf[i], 0.0f);
         } else if (!activate_f32_vector(n.act, xf + b, yf + b, e - b)) {
-          for (int64_t i = b; i < e; ++i) yf[i] = activate(n.act, n.act_min, n.act_max, xf[i]);
+          activate_range(n.act, n.act_min, n.act_max, xf + b, e - b, yf + b);
         }
       });
       return;
