@@ -34,9 +34,10 @@ _ACT_FUNCS = {F.relu: "relu", torch.relu: "relu", F.hardswish: "hardswish", torc
               F.hardsigmoid: "hardsigmoid"}
 _ACT_METHODS = {"relu": "relu", "sigmoid": "sigmoid"}
 _IDENTITY_MODULES = (nn.Identity, nn.Dropout, nn.Dropout2d)
+# torch.ao's quantized add and add + ReLU (None where this torch has none)
+_Q_ADD, _Q_ADD_RELU = getattr(torch.ops.quantized, "add", None), getattr(torch.ops.quantized, "add_relu", None)
 # functions of a convert_fx model that take its qparams as get_attr nodes
-_QPARAM_READERS = tuple(f for f in (torch.quantize_per_tensor, getattr(torch.ops.quantized, "add", None),
-                                    getattr(torch.ops.quantized, "add_relu", None)) if f is not None)
+_QPARAM_READERS = tuple(f for f in (torch.quantize_per_tensor, _Q_ADD, _Q_ADD_RELU) if f is not None)
 
 
 def _activation(node, modules):
@@ -167,8 +168,6 @@ class _Lowering:
         return out
 
     def lower_node(self, node):
-        if _qparam_attr(node):
-            return  # convert_fx's qparams: read by lower_torch_ao (constant())
         m = self.modules.get(node.target) if node.op == "call_module" else None
         if (m is not None and isinstance(m, _IDENTITY_MODULES)) or self.is_eval_dropout(node):
             self.value_of[node] = self.arg(node.args[0])
@@ -337,8 +336,7 @@ class _Lowering:
                                              and self.value_of.get(node.args[0]) in self.qp):
             self.emit(node, "dequantize", [node.args[0]])
             return True
-        q_add = getattr(torch.ops.quantized, "add", None), getattr(torch.ops.quantized, "add_relu", None)
-        if node.op == "call_function" and node.target in q_add and node.target is not None:
+        if node.op == "call_function" and node.target is not None and node.target in (_Q_ADD, _Q_ADD_RELU):
             a, b, scale, zp = (list(node.args) + [node.kwargs.get("scale"), node.kwargs.get("zero_point")])[:4]
             scale, zp = self.constant(scale), self.constant(zp)
             if not all(self.value_of.get(v) in self.qp for v in (a, b)):
@@ -346,7 +344,7 @@ class _Lowering:
             if not isinstance(scale, (int, float)) or not isinstance(zp, int):
                 raise Unsupported("quantized add without constant scale and zero point")
             out = self.emit(node, "add", [a, b],
-                            **({"activation": "relu"} if node.target is q_add[1] else {}))
+                            **({"activation": "relu"} if node.target is _Q_ADD_RELU else {}))
             self.qp[out] = (float(scale), int(zp))
             return True
         return False

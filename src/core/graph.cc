@@ -168,8 +168,16 @@ uint8_t* thread_workspace(size_t size) {
   return buffer.get() + kGuard;
 }
 
-// [N, rows, cols] -> [N, cols, rows] ([N, C, HW] <-> [N, HW, C]), in tiles
-// that stay in cache, typed by element size (1 or 4 bytes).
+// Element by element, the rectangle [r0, r1) x [c0, c1) of src [rows][cols]
+// into dst [cols][rows]: the transposes' edges and narrow tiles.
+template <typename T>
+void transpose_elements(const T* s, int64_t rows, int64_t cols, int64_t r0, int64_t r1, int64_t c0,
+                        int64_t c1, T* d) {
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t c = c0; c < c1; ++c) d[c * rows + r] = s[r * cols + c];
+  }
+}
+
 // Rows [r0, r1) of src [rows][cols] into dst [cols][rows]: SSE2 blocks of
 // 4x4 floats / 16x16 bytes where they fit (baseline x86-64), elements
 // elsewhere. (3136 x 144: f32 274 -> 81 us, u8 148 -> 84 us, one thread.)
@@ -187,14 +195,10 @@ void transpose_rows(const float* s, int64_t rows, int64_t cols, int64_t r0, int6
       _mm_storeu_ps(d + (c + 2) * rows + r, e);
       _mm_storeu_ps(d + (c + 3) * rows + r, f);
     }
-    for (; c < cols; ++c) {
-      for (int64_t i = 0; i < 4; ++i) d[c * rows + r + i] = s[(r + i) * cols + c];
-    }
+    transpose_elements(s, rows, cols, r, r + 4, c, cols, d);
   }
 #endif
-  for (; r < r1; ++r) {
-    for (int64_t c = 0; c < cols; ++c) d[c * rows + r] = s[r * cols + c];
-  }
+  transpose_elements(s, rows, cols, r, r1, 0, cols, d);
 }
 
 void transpose_rows(const uint8_t* s, int64_t rows, int64_t cols, int64_t r0, int64_t r1, uint8_t* d) {
@@ -219,19 +223,16 @@ void transpose_rows(const uint8_t* s, int64_t rows, int64_t cols, int64_t r0, in
         _mm_storeu_si128(reinterpret_cast<__m128i*>(d + (c + i) * rows + r), v[i]);
       }
     }
-    for (; c < cols; ++c) {
-      for (int64_t i = 0; i < 16; ++i) d[c * rows + r + i] = s[(r + i) * cols + c];
-    }
+    transpose_elements(s, rows, cols, r, r + 16, c, cols, d);
   }
 #endif
-  for (; r < r1; ++r) {
-    for (int64_t c = 0; c < cols; ++c) d[c * rows + r] = s[r * cols + c];
-  }
+  transpose_elements(s, rows, cols, r, r1, 0, cols, d);
 }
 
-// [N][rows][cols] -> [N][cols][rows]: blocks of rows in parallel. Narrow
-// matrices (fewer than 16 columns or rows: an image's 3 channels) go by
-// 32 x 32 tiles of elements, faster there than the vector blocks' edges.
+// [N, rows, cols] -> [N, cols, rows] ([N, C, HW] <-> [N, HW, C]): blocks of
+// rows in parallel. Narrow matrices (fewer than 16 columns or rows: an
+// image's 3 channels) go by 32 x 32 tiles of elements, faster there than the
+// vector blocks' edges.
 template <typename T>
 void transpose_tiles(const T* __restrict src, int64_t N, int64_t rows, int64_t cols, T* __restrict dst) {
   constexpr int64_t kTile = 32;
@@ -240,17 +241,14 @@ void transpose_tiles(const T* __restrict src, int64_t N, int64_t rows, int64_t c
     const T* s = src + n * rows * cols;
     T* d = dst + n * rows * cols;
     parallel_range((rows + kTile - 1) / kTile, 8, [&](int64_t b, int64_t e) {
+      const int64_t end = std::min(rows, e * kTile);
       if (vector) {
-        transpose_rows(s, rows, cols, b * kTile, std::min(rows, e * kTile), d);
+        transpose_rows(s, rows, cols, b * kTile, end, d);
         return;
       }
-      for (int64_t r0 = b * kTile; r0 < std::min(rows, e * kTile); r0 += kTile) {
-        const int64_t r1 = std::min(rows, r0 + kTile);
+      for (int64_t r0 = b * kTile; r0 < end; r0 += kTile) {
         for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-          const int64_t c1 = std::min(cols, c0 + kTile);
-          for (int64_t r = r0; r < r1; ++r) {
-            for (int64_t c = c0; c < c1; ++c) d[c * rows + r] = s[r * cols + c];
-          }
+          transpose_elements(s, rows, cols, r0, std::min(end, r0 + kTile), c0, std::min(cols, c0 + kTile), d);
         }
       }
     });

@@ -1,11 +1,11 @@
 #include "core/quant.h"
-#include "core/vec_math.h"
 
 #include <algorithm>
 #include <memory>
 #include <vector>
 
 #include "core/parallel.h"
+#include "core/vec_math.h"
 
 namespace qpack {
 
@@ -142,9 +142,8 @@ void quantize_u8_array(const float* x, int64_t n, QParams q, uint8_t* out) {
   const float inv_scale = 1.0f / q.scale;
   const float zp = static_cast<float>(q.zero_point);
   parallel_chunks(n, kParallelGrain, num_threads(), [&](int, int64_t begin, int64_t end) {
-    if (!quantize_u8_vector(x + begin, end - begin, inv_scale, zp, out + begin)) {
-      quantize_range(x + begin, end - begin, inv_scale, zp, out + begin);
-    }
+    const int64_t done = begin + quantize_u8_vector(x + begin, end - begin, inv_scale, zp, out + begin);
+    quantize_range(x + done, end - done, inv_scale, zp, out + done);
   });
 }
 

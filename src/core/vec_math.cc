@@ -18,7 +18,7 @@ constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.33345190
                 kP3 = 4.1665795894e-2f, kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
 
 #define QPACK_AVX512 __attribute__((target("avx512f")))
-#define QPACK_AVX2 __attribute__((target("avx2,fma,sse4.1")))
+#define QPACK_AVX2 __attribute__((target("avx2,fma")))
 
 QPACK_AVX512 inline __m512 exp512(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpLo)), _mm512_set1_ps(kExpHi));
@@ -95,7 +95,7 @@ QPACK_AVX512 void quantize512(const float* x, int64_t n, float inv_scale, float 
   }
 }
 
-QPACK_AVX2 void quantize256(const float* x, int64_t n, float inv_scale, float zero_point, uint8_t* y) {
+QPACK_AVX2 int64_t quantize256(const float* x, int64_t n, float inv_scale, float zero_point, uint8_t* y) {
   const __m256 inv = _mm256_set1_ps(inv_scale), zp = _mm256_set1_ps(zero_point);
   const __m256 lo = _mm256_setzero_ps(), hi = _mm256_set1_ps(255.0f);
   int64_t i = 0;
@@ -107,13 +107,7 @@ QPACK_AVX2 void quantize256(const float* x, int64_t n, float inv_scale, float ze
     const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(y + i), _mm_packus_epi16(w, w));
   }
-  for (; i < n; ++i) {  // the tail as the scalar loop
-    float v = _mm_cvtss_f32(_mm_round_ss(_mm_setzero_ps(), _mm_set_ss(x[i] * inv_scale),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    v = v + zero_point;
-    v = v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v);
-    y[i] = static_cast<uint8_t>(static_cast<int32_t>(v));
-  }
+  return i;
 }
 
 int isa_level() {
@@ -125,11 +119,11 @@ int isa_level() {
 
 }  // namespace
 
-bool quantize_u8_vector(const float* x, int64_t n, float inv_scale, float zero_point, uint8_t* y) {
+int64_t quantize_u8_vector(const float* x, int64_t n, float inv_scale, float zero_point, uint8_t* y) {
   switch (isa_level()) {
-    case 2: quantize512(x, n, inv_scale, zero_point, y); return true;
-    case 1: quantize256(x, n, inv_scale, zero_point, y); return true;
-    default: return false;
+    case 2: quantize512(x, n, inv_scale, zero_point, y); return n;
+    case 1: return quantize256(x, n, inv_scale, zero_point, y);
+    default: return 0;
   }
 }
 
@@ -149,7 +143,7 @@ bool activate_f32_vector(qpack_activation act, const float* x, float* y, int64_t
 #else
 
 bool activate_f32_vector(qpack_activation, const float*, float*, int64_t) { return false; }
-bool quantize_u8_vector(const float*, int64_t, float, float, uint8_t*) { return false; }
+int64_t quantize_u8_vector(const float*, int64_t, float, float, uint8_t*) { return 0; }
 
 #endif
 

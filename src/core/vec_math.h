@@ -18,7 +18,8 @@ bool activate_f32_vector(qpack_activation act, const float* x, float* y, int64_t
 
 // y[i] = clamp(round_half_even(x[i] * inv_scale) + zero_point, 0, 255), the
 // rounding PyTorch's quantize uses, exactly as quant.cc's scalar loop (finite
-// x); false, and nothing written, without AVX-512F / AVX2.
-bool quantize_u8_vector(const float* x, int64_t n, float inv_scale, float zero_point, uint8_t* y);
+// x), for a prefix of the n values: returns its length (all n with AVX-512F,
+// whole vectors of 8 with AVX2, 0 without either); the caller does the rest.
+int64_t quantize_u8_vector(const float* x, int64_t n, float inv_scale, float zero_point, uint8_t* y);
 
 }  // namespace qpack

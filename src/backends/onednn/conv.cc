@@ -48,6 +48,7 @@ struct Packed {
   memory mem;
   int64_t N = 1, H = 0, W = 0;
   std::shared_ptr<const void> keep;  // the model file mem points into, if any
+  bool depthwise16 = false;          // the layout depthwise_u8 reads (set with mem)
   memory::desc md() const { return mem.get_desc(); }
 };
 
@@ -61,17 +62,12 @@ bool own_depthwise_enabled() {
 // True when md is the depthwise weight [C, 1, 1, KH, KW] in blocks of 16
 // channels, [C/16][KH][KW][16] (oneDNN's Abcde16a): what depthwise_u8 reads.
 bool depthwise_blocked16(const memory::desc& md, const ConvSpec& spec) {
-  if (md.get_format_kind() != memory::format_kind::blocked || md.get_data_type() != dt::s8) {
-    return false;
-  }
-  const auto dims = md.get_dims();
-  const auto strides = md.get_strides();
-  const auto blks = md.get_inner_blks();
-  const auto idxs = md.get_inner_idxs();
-  const int64_t taps = spec.KH * spec.KW;
-  return dims == memory::dims{spec.OC, 1, 1, spec.KH, spec.KW} && md.get_inner_nblks() == 1 &&
-         blks[0] == 16 && idxs[0] == 0 && strides[0] == taps * 16 &&
-         strides[3] == spec.KW * 16 && strides[4] == 16;
+  if (!spec.depthwise() || !spec.int8()) return false;
+  const BlockedLayout l = BlockedLayout::of(md, false);
+  const int64_t dims[5] = {spec.OC, 1, 1, spec.KH, spec.KW};
+  return l.data_type == static_cast<uint32_t>(dt::s8) && l.ndims == 5 &&
+         std::equal(dims, dims + 5, l.dims) && l.nblks == 1 && l.blks[0] == 16 && l.idxs[0] == 0 &&
+         l.strides[0] == spec.KH * spec.KW * 16 && l.strides[3] == spec.KW * 16 && l.strides[4] == 16;
 }
 
 struct Prim {
@@ -129,6 +125,7 @@ class OnednnConv final : public ConvKernel {
       packed->W = W;
       if (form.same_build && wanted == saved) {
         packed->mem = memory(md, engine(), const_cast<uint8_t*>(form.packed.data));
+        packed->depthwise16 = depthwise_blocked16(md, spec_);
         packed->keep = form.packed.owner;
         packed_ = packed;
         return;
@@ -208,7 +205,7 @@ class OnednnConv final : public ConvKernel {
     const RunQuant rq{input_scale, input_zero_point, spec_.output_scale, spec_.output_zero_point};
     if (own_depthwise_) {
       auto packed = std::atomic_load(&packed_);
-      if (depthwise_blocked16(packed->md(), spec_)) {
+      if (packed->depthwise16) {
         run_depthwise(s, *packed, x, rq, y);
         return;
       }
@@ -249,6 +246,7 @@ class OnednnConv final : public ConvKernel {
     packed->H = H;
     packed->W = W;
     packed->mem = memory(md, engine());
+    packed->depthwise16 = depthwise_blocked16(md, spec_);
     reorder(memory(plain_md(), engine(), const_cast<void*>(weight)), packed->mem);
     return packed;
   }
