@@ -277,10 +277,75 @@ Window window(const GraphNode& n, int64_t H, int64_t W, int64_t oh, int64_t ow) 
                 (h1 - h0) * (w1 - w0)};
 }
 
+// o[c] = the max over `count` rows of their value c (rows[k][c] > m ? rows[k][c] : m,
+// in row order, for floats too: a NaN in a later row does not win, as before).
 template <typename T>
-inline void max_into(T* __restrict o, const T* __restrict p, int64_t C) {
-  for (int64_t c = 0; c < C; ++c) o[c] = p[c] > o[c] ? p[c] : o[c];
+inline void max_rows_scalar(const T* const* rows, int64_t count, int64_t begin, int64_t C,
+                            T* __restrict o) {
+  for (int64_t c = begin; c < C; ++c) {
+    T m = rows[0][c];
+    for (int64_t k = 1; k < count; ++k) m = rows[k][c] > m ? rows[k][c] : m;
+    o[c] = m;
+  }
 }
+
+// SSE2 (baseline x86-64): 64 bytes / 16 floats of the output in four
+// registers while the rows stream by (u8 3x3 / 2 max pooling
+// [1, 64, 112, 112]: 197 -> 40 us; the compiler's loops kept the block in
+// memory).
+#ifdef __SSE2__
+inline void max_rows(const uint8_t* const* rows, int64_t count, int64_t C, uint8_t* __restrict o) {
+  auto load = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
+  int64_t c0 = 0;
+  for (; c0 + 64 <= C; c0 += 64) {
+    __m128i a0 = load(rows[0] + c0), a1 = load(rows[0] + c0 + 16), a2 = load(rows[0] + c0 + 32),
+            a3 = load(rows[0] + c0 + 48);
+    for (int64_t k = 1; k < count; ++k) {
+      const uint8_t* p = rows[k] + c0;
+      a0 = _mm_max_epu8(a0, load(p));
+      a1 = _mm_max_epu8(a1, load(p + 16));
+      a2 = _mm_max_epu8(a2, load(p + 32));
+      a3 = _mm_max_epu8(a3, load(p + 48));
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + c0), a0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + c0 + 16), a1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + c0 + 32), a2);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + c0 + 48), a3);
+  }
+  for (; c0 + 16 <= C; c0 += 16) {
+    __m128i a = load(rows[0] + c0);
+    for (int64_t k = 1; k < count; ++k) a = _mm_max_epu8(a, load(rows[k] + c0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + c0), a);
+  }
+  max_rows_scalar(rows, count, c0, C, o);
+}
+
+inline void max_rows(const float* const* rows, int64_t count, int64_t C, float* __restrict o) {
+  int64_t c0 = 0;
+  for (; c0 + 16 <= C; c0 += 16) {
+    __m128 a0 = _mm_loadu_ps(rows[0] + c0), a1 = _mm_loadu_ps(rows[0] + c0 + 4),
+           a2 = _mm_loadu_ps(rows[0] + c0 + 8), a3 = _mm_loadu_ps(rows[0] + c0 + 12);
+    for (int64_t k = 1; k < count; ++k) {
+      const float* p = rows[k] + c0;
+      // maxps(p, a) = p > a ? p : a, the scalar loop's choice
+      a0 = _mm_max_ps(_mm_loadu_ps(p), a0);
+      a1 = _mm_max_ps(_mm_loadu_ps(p + 4), a1);
+      a2 = _mm_max_ps(_mm_loadu_ps(p + 8), a2);
+      a3 = _mm_max_ps(_mm_loadu_ps(p + 12), a3);
+    }
+    _mm_storeu_ps(o + c0, a0);
+    _mm_storeu_ps(o + c0 + 4, a1);
+    _mm_storeu_ps(o + c0 + 8, a2);
+    _mm_storeu_ps(o + c0 + 12, a3);
+  }
+  max_rows_scalar(rows, count, c0, C, o);
+}
+#else
+template <typename T>
+inline void max_rows(const T* const* rows, int64_t count, int64_t C, T* __restrict o) {
+  max_rows_scalar(rows, count, 0, C, o);
+}
+#endif
 
 template <typename T>
 inline void sum_into(float* __restrict acc, const T* __restrict p, int64_t C) {
@@ -295,14 +360,20 @@ void max_pool(const T* __restrict x, const Shape& xs, const Shape& ys, const Gra
   const T lowest = std::numeric_limits<T>::lowest() < 0 ? -std::numeric_limits<T>::infinity()
                                                         : std::numeric_limits<T>::lowest();
   parallel_range(ys.d[0] * OH, 1, [&](int64_t b, int64_t e) {
+    std::vector<const T*> rows(static_cast<size_t>(n.kernel[0] * n.kernel[1]));
     for (int64_t r = b; r < e; ++r) {
       const int64_t img = r / OH, oh = r % OH;
       for (int64_t ow = 0; ow < OW; ++ow) {
         const Window win = window(n, H, W, oh, ow);
         T* __restrict o = y + ((img * OH + oh) * OW + ow) * C;
-        for (int64_t c = 0; c < C; ++c) o[c] = lowest;
+        int64_t count = 0;
         for (int64_t h = win.hs; h < win.he; ++h) {
-          for (int64_t w = win.ws; w < win.we; ++w) max_into(o, x + ((img * H + h) * W + w) * C, C);
+          for (int64_t w = win.ws; w < win.we; ++w) rows[count++] = x + ((img * H + h) * W + w) * C;
+        }
+        if (count == 0) {
+          std::fill(o, o + C, lowest);
+        } else {
+          max_rows(rows.data(), count, C, o);
         }
       }
     }

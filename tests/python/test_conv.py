@@ -200,6 +200,47 @@ def test_int8_depthwise_channels_last_matches_nchw(case):
     assert (nhwc.to(torch.int32) - nchw.to(torch.int32)).abs().max().item() <= 1, case
 
 
+def pointwise_cases():
+    """Static int8 1x1 convolutions around qpack's own oneDNN-backend kernel: input channels
+    from 4 to 576 (it reads 4 at a time; 6 and 3 are not multiples of 4 and stay on oneDNN's),
+    outputs on and off its 16-channel blocks, strides 1 and 2, batches, every activation,
+    bias or none, per-tensor or per-channel weight scales."""
+    rng = random.Random(11)
+    out = []
+    for cin, cout in ((4, 8), (16, 96), (24, 144), (32, 16), (32, 192), (40, 24), (64, 100),
+                      (96, 576), (144, 24), (160, 960), (256, 33), (576, 96), (6, 32), (3, 17)):
+        stride = rng.choice([(1, 1), (1, 1), (2, 2), (1, 2)])
+        hw = (rng.randint(1, 17), rng.randint(1, 17))
+        out.append(dict(batch=rng.randint(1, 3), cin=cin, cout=cout, groups=1, k=(1, 1), stride=stride,
+                        padding=(0, 0), dilation=(1, 1), hw=hw, bias=rng.random() < 0.7,
+                        per_channel=rng.random() < 0.7, activation=rng.choice(ACTIVATIONS),
+                        channels_last=True))
+    return out
+
+
+@pytest.mark.parametrize("own", ["1", "0"])
+@pytest.mark.parametrize("case", pointwise_cases(), ids=lambda c: f"{c['cin']}to{c['cout']}s{c['stride'][0]}")
+def test_int8_pointwise_matches_torch(case, own, monkeypatch):
+    """oneDNN backend, static int8 1x1: qpack's kernel (on AVX-512 VNNI CPUs, where it is the
+    faster one) and oneDNN's (QPACK_ONEDNN_OWN_POINTWISE=0, read when a convolution is made)
+    within 1 of PyTorch's x86 engine, channels-last and NCHW data, on two input shapes through
+    the same packed weight."""
+    monkeypatch.setenv("QPACK_ONEDNN_OWN_POINTWISE", own)
+    check_int8("onednn", case)  # against torch; unpack after release
+    w, ws, b, x = make_int8(case)
+    conv = qpack.PackedConv2d(w, b, case["stride"], 0, 1, 1, backend="onednn", weight_scale=ws,
+                              output_scale=0.25, output_zero_point=98, activation=case["activation"])
+    big = torch.randint(0, 256, (1, case["cin"], 20, 23), dtype=torch.uint8)
+    for data in (x, big.contiguous(memory_format=torch.channels_last)):
+        nhwc = conv(data, scale=0.04, zero_point=117)
+        nchw = conv(data.contiguous(), scale=0.04, zero_point=117)
+        assert nhwc.is_contiguous(memory_format=torch.channels_last) and nchw.is_contiguous()
+        ref = torch_qconv(ENGINE["onednn"], data, 0.04, 117, w, ws, b, case["stride"], (0, 0), (1, 1), 1,
+                          0.25, 98, case["activation"])
+        for y in (nhwc, nchw):
+            assert (y.to(torch.int32) - ref).abs().max().item() <= 1, case
+
+
 @pytest.mark.parametrize("case", cases(40, seed=2), ids=lambda c: f"g{c['groups']}k{c['k'][0]}x{c['k'][1]}")
 def test_fp32_grid(case):
     check_fp32(case)

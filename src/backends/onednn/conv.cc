@@ -17,10 +17,11 @@
 // multiply (no int16 pair sums), so the fused primitive is exact there
 // (tests/python/test_no_vnni.py checks it with worst-case values).
 //
-// Static int8 depthwise convolutions run on qpack's own kernel
-// (depthwise_u8.h, channels-last; NCHW data is reordered around it) where the
-// CPU has AVX-512 VNNI, reading the weights in the layout oneDNN packed them
-// in (checked, never assumed); elsewhere on oneDNN's.
+// Where the CPU has AVX-512 VNNI, static int8 depthwise convolutions and 1x1
+// convolutions with few input channels run on qpack's own kernels
+// (depthwise_u8.h, pointwise_u8.h: channels-last, NCHW data is reordered
+// around them), reading the weights in the layout oneDNN packed them in
+// (checked once per packed weight, never assumed); elsewhere on oneDNN's.
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
@@ -30,6 +31,7 @@
 
 #include "backends/onednn/depthwise_u8.h"
 #include "backends/onednn/int8_split.h"
+#include "backends/onednn/pointwise_u8.h"
 #include "backends/onednn/runtime.h"
 #include "core/conv.h"
 #include "core/error.h"
@@ -42,32 +44,75 @@ using dnnl::memory;
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
+// qpack's own static int8 kernels on this backend.
+enum class OwnKernel { none, depthwise, pointwise };
+
+// QPACK_ONEDNN_OWN_DEPTHWISE=0 / QPACK_ONEDNN_OWN_POINTWISE=0 when a
+// convolution is made keep it on oneDNN's kernel (bench/bench_own_kernels.py
+// compares them).
+bool own_enabled(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::string(v) != "0";
+}
+
+// The own kernel that may run a convolution, by its parameters and this CPU.
+OwnKernel own_kernel_for(const ConvSpec& spec) {
+  if (!spec.static_int8() || !isa_has_avx512_vnni()) return OwnKernel::none;
+  if (spec.depthwise() && depthwise_u8_fits(spec.KH, spec.KW, spec.OC) &&
+      own_u8_available() && own_enabled("QPACK_ONEDNN_OWN_DEPTHWISE")) {
+    return OwnKernel::depthwise;
+  }
+  if (spec.groups == 1 && spec.KH == 1 && spec.KW == 1 && spec.pad_t == 0 && spec.pad_l == 0 &&
+      spec.pad_b == 0 && spec.pad_r == 0 && own_u8_available() &&
+      own_enabled("QPACK_ONEDNN_OWN_POINTWISE")) {
+    return OwnKernel::pointwise;
+  }
+  return OwnKernel::none;
+}
+
 // Packed weights in one oneDNN layout, chosen for the channels-last problem
-// N x H x W; immutable once published.
+// N x H x W; immutable once published. `own` says whether the layout is one
+// the convolution's own kernel reads, found when the weights are placed.
 struct Packed {
   memory mem;
   int64_t N = 1, H = 0, W = 0;
   std::shared_ptr<const void> keep;  // the model file mem points into, if any
-  bool depthwise16 = false;          // the layout depthwise_u8 reads (set with mem)
+  OwnKernel own = OwnKernel::none;
+  int64_t block = 0;                  // pointwise: outputs per block
+  std::vector<int32_t> weight_sums;   // pointwise: per output, over the inputs
   memory::desc md() const { return mem.get_desc(); }
 };
 
-// QPACK_ONEDNN_OWN_DEPTHWISE=0 when a convolution is made keeps it on oneDNN's
-// kernel (bench/bench_depthwise.py compares the two).
-bool own_depthwise_enabled() {
-  const char* v = std::getenv("QPACK_ONEDNN_OWN_DEPTHWISE");
-  return v == nullptr || std::string(v) != "0";
-}
-
-// True when md is the depthwise weight [C, 1, 1, KH, KW] in blocks of 16
-// channels, [C/16][KH][KW][16] (oneDNN's Abcde16a): what depthwise_u8 reads.
-bool depthwise_blocked16(const memory::desc& md, const ConvSpec& spec) {
-  if (!spec.depthwise() || !spec.int8()) return false;
-  const BlockedLayout l = BlockedLayout::of(md, false);
-  const int64_t dims[5] = {spec.OC, 1, 1, spec.KH, spec.KW};
-  return l.data_type == static_cast<uint32_t>(dt::s8) && l.ndims == 5 &&
-         std::equal(dims, dims + 5, l.dims) && l.nblks == 1 && l.blks[0] == 16 && l.idxs[0] == 0 &&
-         l.strides[0] == spec.KH * spec.KW * 16 && l.strides[3] == spec.KW * 16 && l.strides[4] == 16;
+// Sets packed->own when its layout is what `kernel` reads: depthwise_u8 the
+// weight [C, 1, 1, KH, KW] in blocks of 16 channels, [C/16][KH][KW][16]
+// (oneDNN's Abcde16a); pointwise_u8 the weight [OC, IC, 1, 1] as
+// [OC/B][IC/4][B][4] (oneDNN's "48a4b" and the like).
+void find_own_layout(Packed* packed, const ConvSpec& spec, OwnKernel kernel) {
+  packed->own = OwnKernel::none;
+  if (kernel == OwnKernel::none) return;
+  const BlockedLayout l = BlockedLayout::of(packed->md(), false);
+  if (l.data_type != static_cast<uint32_t>(dt::s8)) return;
+  if (kernel == OwnKernel::depthwise) {
+    const int64_t dims[5] = {spec.OC, 1, 1, spec.KH, spec.KW};
+    if (l.ndims == 5 && std::equal(dims, dims + 5, l.dims) && l.nblks == 1 && l.blks[0] == 16 &&
+        l.idxs[0] == 0 && l.strides[0] == spec.KH * spec.KW * 16 &&
+        l.strides[3] == spec.KW * 16 && l.strides[4] == 16) {
+      packed->own = kernel;
+    }
+    return;
+  }
+  const int64_t dims[4] = {spec.OC, spec.IC, 1, 1};
+  const int64_t B = l.blks[0];
+  if (l.ndims == 4 && std::equal(dims, dims + 4, l.dims) && l.nblks == 2 && l.idxs[0] == 0 &&
+      l.idxs[1] == 1 && l.blks[1] == 4 && pointwise_u8_fits(spec.IC, B) &&
+      l.strides[0] == spec.IC * B && l.strides[1] == 4 * B &&
+      l.size >= static_cast<uint64_t>((spec.OC + B - 1) / B * B * spec.IC)) {
+    packed->own = kernel;
+    packed->block = B;
+    packed->weight_sums.resize(static_cast<size_t>(spec.OC));
+    pointwise_u8_weight_sums(static_cast<const int8_t*>(packed->mem.get_data_handle()), spec.IC,
+                             spec.OC, B, packed->weight_sums.data());
+  }
 }
 
 struct Prim {
@@ -125,7 +170,7 @@ class OnednnConv final : public ConvKernel {
       packed->W = W;
       if (form.same_build && wanted == saved) {
         packed->mem = memory(md, engine(), const_cast<uint8_t*>(form.packed.data));
-        packed->depthwise16 = depthwise_blocked16(md, spec_);
+        find_own_layout(packed.get(), spec_, own_);
         packed->keep = form.packed.owner;
         packed_ = packed;
         return;
@@ -203,10 +248,11 @@ class OnednnConv final : public ConvKernel {
   void do_run_u8(const ConvShape& s, const uint8_t* x, float input_scale, int32_t input_zero_point,
                  uint8_t* y) const override {
     const RunQuant rq{input_scale, input_zero_point, spec_.output_scale, spec_.output_zero_point};
-    if (own_depthwise_) {
+    if (own_ != OwnKernel::none) {
       auto packed = std::atomic_load(&packed_);
-      if (packed->depthwise16) {
-        run_depthwise(s, *packed, x, rq, y);
+      if (packed->own == own_ && (own_ == OwnKernel::depthwise ||
+                                  pointwise_u8_faster(spec_.IC, packed->block, s.OH * s.OW))) {
+        run_own(s, *packed, x, rq, y);
         return;
       }
     }
@@ -246,8 +292,8 @@ class OnednnConv final : public ConvKernel {
     packed->H = H;
     packed->W = W;
     packed->mem = memory(md, engine());
-    packed->depthwise16 = depthwise_blocked16(md, spec_);
     reorder(memory(plain_md(), engine(), const_cast<void*>(weight)), packed->mem);
+    find_own_layout(packed.get(), spec_, own_);
     return packed;
   }
 
@@ -383,10 +429,10 @@ class OnednnConv final : public ConvKernel {
     if (copy_dst) reorder(dst_m, dst_user);
   }
 
-  // qpack's depthwise kernel; NCHW data is reordered to channels-last around
-  // it (in per-thread buffers), as around a channels-last primitive.
-  void run_depthwise(const ConvShape& s, const Packed& packed, const uint8_t* x,
-                     const RunQuant& rq, uint8_t* y) const {
+  // qpack's own kernel; NCHW data is reordered to channels-last around it
+  // (in per-thread buffers), as around a channels-last primitive.
+  void run_own(const ConvShape& s, const Packed& packed, const uint8_t* x, const RunQuant& rq,
+               uint8_t* y) const {
     const memory::dims src_dims{s.N, spec_.IC, s.H, s.W}, dst_dims{s.N, spec_.OC, s.OH, s.OW};
     const uint8_t* src = x;
     uint8_t* dst = y;
@@ -400,14 +446,21 @@ class OnednnConv final : public ConvKernel {
       const size_t size = memory::desc(dst_dims, dt::u8, tag::nhwc).get_size();
       dst = static_cast<uint8_t*>(thread_buffer(ThreadBuffer::nhwc_dst, size));
     }
-    const DepthwiseU8 a{src, dst, s.N, s.H, s.W, spec_.OC, s.OH, s.OW,
-                        spec_.KH, spec_.KW, spec_.stride_h, spec_.stride_w, spec_.pad_t, spec_.pad_l,
-                        spec_.dil_h, spec_.dil_w,
-                        static_cast<const int8_t*>(packed.mem.get_data_handle()),
-                        rq.src_scale, rq.src_zp, spec_.weight_scales.data(), spec_.per_channel(),
-                        spec_.bias.empty() ? nullptr : spec_.bias.data(),
-                        spec_.clamp_min, spec_.clamp_max, rq.dst_scale, rq.dst_zp};
-    depthwise_u8(a, num_threads());
+    const auto* w = static_cast<const int8_t*>(packed.mem.get_data_handle());
+    const RequantU8 q{rq.src_scale, rq.src_zp, spec_.weight_scales.data(), spec_.per_channel(),
+                      spec_.bias.empty() ? nullptr : spec_.bias.data(), spec_.clamp_min,
+                      spec_.clamp_max, rq.dst_scale, rq.dst_zp};
+    if (own_ == OwnKernel::depthwise) {
+      depthwise_u8(DepthwiseU8{src, dst, s.N, s.H, s.W, spec_.OC, s.OH, s.OW, spec_.KH, spec_.KW,
+                               spec_.stride_h, spec_.stride_w, spec_.pad_t, spec_.pad_l,
+                               spec_.dil_h, spec_.dil_w, w, q},
+                   num_threads());
+    } else {
+      pointwise_u8(PointwiseU8{src, dst, s.N, s.H, s.W, spec_.IC, spec_.OC, s.OH, s.OW,
+                               spec_.stride_h, spec_.stride_w, w, packed.block,
+                               packed.weight_sums.data(), q},
+                   num_threads());
+    }
     if (dst != y) {
       reorder(memory({dst_dims, dt::u8, tag::nhwc}, engine(), dst),
               memory({dst_dims, dt::u8, tag::nchw}, engine(), y));
@@ -416,10 +469,7 @@ class OnednnConv final : public ConvKernel {
   }
 
   const bool split_;  // int8 without VNNI: split input, s32 primitive, C++ epilogue
-  // static int8 depthwise: qpack's kernel (depthwise_u8.h)
-  const bool own_depthwise_ = own_depthwise_enabled() && spec_.depthwise() && spec_.static_int8() &&
-                              depthwise_u8_fits(spec_.KH, spec_.KW, spec_.OC) &&
-                              isa_has_avx512_vnni() && depthwise_u8_available();
+  const OwnKernel own_ = own_kernel_for(spec_);  // static int8 on qpack's kernel, where it fits
   const Quant quant_;
   mutable std::shared_ptr<const Packed> packed_;  // atomic_load/store only
   mutable int relayouts_ = 0;                     // guarded by the cache's lock

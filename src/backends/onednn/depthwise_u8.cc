@@ -156,7 +156,7 @@ QPACK_DW_TARGET void prepare(const DepthwiseU8& a, int64_t c0, int64_t groups,
   blk->c0 = c0;
   blk->mask = V::mask(a.C - c0);
   blk->weights = weights;
-  const auto zp = V::bytes(static_cast<uint8_t>(a.src_zero_point));
+  const auto zp = V::bytes(static_cast<uint8_t>(a.q.src_zero_point));
   typename V::I comp[4] = {V::zero(), V::zero(), V::zero(), V::zero()};
   for (int64_t g = 0; g < groups; ++g) {
     typename V::I* q = weights + 4 * g;
@@ -165,7 +165,6 @@ QPACK_DW_TARGET void prepare(const DepthwiseU8& a, int64_t c0, int64_t groups,
                   q[2], q[3]);
     for (int i = 0; i < 4; ++i) comp[i] = V::dot(comp[i], zp, q[i]);
   }
-  const float inv = 1.0f / a.dst_scale;
   for (int i = 0; i < 4; ++i) {
     // sum (x - zp) * w = sum x * w - zp * sum w; padded taps read zp, adding 0
     blk->init[i] = V::neg(comp[i]);
@@ -173,9 +172,8 @@ QPACK_DW_TARGET void prepare(const DepthwiseU8& a, int64_t c0, int64_t groups,
     for (int l = 0; l < V::kWidth / 4; ++l) {
       const int64_t c = lane_channel<V>(c0, i, l);
       const bool real = c < a.C;
-      mult[l] = real ? a.src_scale * a.wei_scales[a.per_channel ? c : 0] * inv : 0.0f;
-      offset[l] = (real && a.bias != nullptr ? a.bias[c] * inv : 0.0f) +
-                  static_cast<float>(a.dst_zero_point);
+      mult[l] = real ? a.q.mult(c) : 0.0f;
+      offset[l] = real ? a.q.offset(c) : static_cast<float>(a.q.dst_zero_point);
     }
     blk->mult[i] = V::loadf(mult);
     blk->offset[i] = V::loadf(offset);
@@ -216,23 +214,6 @@ struct Prepared {
   uint8_t* pad = nullptr;        // C + 64 bytes of the source zero point
 };
 
-void* scratch(size_t size) {
-  struct Buffer {
-    void* data = nullptr;
-    size_t size = 0;
-    ~Buffer() { std::free(data); }
-  };
-  thread_local Buffer b;
-  if (b.size < size) {
-    std::free(b.data);
-    b.size = 0;
-    b.data = std::aligned_alloc(64, (size + 63) / 64 * 64);
-    if (b.data == nullptr) throw std::bad_alloc();
-    b.size = size;
-  }
-  return b.data;
-}
-
 QPACK_DW_TARGET Prepared prepare_all(const DepthwiseU8& a) {
   Prepared p;
   p.groups = (a.KH * a.KW + 3) / 4;
@@ -241,13 +222,13 @@ QPACK_DW_TARGET Prepared prepare_all(const DepthwiseU8& a) {
   const size_t zsize = sizeof(Block<Zmm>) + static_cast<size_t>(p.groups) * 4 * sizeof(__m512i);
   const size_t ysize = sizeof(Block<Ymm>) + static_cast<size_t>(p.groups) * 4 * sizeof(__m256i);
   auto* base = static_cast<uint8_t*>(
-      scratch(p.wide * zsize + p.narrow * ysize + static_cast<size_t>(a.C) + 64));
+      own_u8_scratch(p.wide * zsize + p.narrow * ysize + static_cast<size_t>(a.C) + 64));
   p.zmm = reinterpret_cast<Block<Zmm>*>(base);
   auto* zw = reinterpret_cast<__m512i*>(p.zmm + p.wide);
   p.ymm = reinterpret_cast<Block<Ymm>*>(zw + p.wide * p.groups * 4);
   auto* yw = reinterpret_cast<__m256i*>(p.ymm + p.narrow);
   p.pad = reinterpret_cast<uint8_t*>(yw + p.narrow * p.groups * 4);
-  std::memset(p.pad, a.src_zero_point, static_cast<size_t>(a.C) + 64);
+  std::memset(p.pad, a.q.src_zero_point, static_cast<size_t>(a.C) + 64);
   for (int64_t b = 0; b < p.wide; ++b) {
     prepare<Zmm>(a, 64 * b, p.groups, zw + b * p.groups * 4, new (p.zmm + b) Block<Zmm>);
   }
@@ -261,7 +242,7 @@ QPACK_DW_TARGET Prepared prepare_all(const DepthwiseU8& a) {
 QPACK_DW_TARGET void run_rows(const DepthwiseU8& a, const Prepared& p, const int64_t* offsets,
                               int64_t row_begin, int64_t row_end) {
   uint8_t qmin = 0, qmax = 255;
-  output_bounds_u8(a.clamp_min, a.clamp_max, a.dst_scale, a.dst_zero_point, &qmin, &qmax);
+  a.q.bounds(&qmin, &qmax);
   const __m512 zlo = Zmm::setf(qmin), zhi = Zmm::setf(qmax);
   const __m256 ylo = Ymm::setf(qmin), yhi = Ymm::setf(qmax);
   const int64_t taps = a.KH * a.KW;
@@ -314,20 +295,12 @@ QPACK_DW_TARGET void run(const DepthwiseU8& a, int threads) {
 
 }  // namespace
 
-bool depthwise_u8_available() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") &&
-                         __builtin_cpu_supports("avx512vnni");
-  return ok;
-}
-
 void depthwise_u8(const DepthwiseU8& a, int threads) { run(a, threads); }
 
 bool depthwise_u8_fits(int64_t KH, int64_t KW, int64_t C) { return KH * KW <= kMaxTaps && C >= 64; }
 
 #else  // not x86-64: oneDNN's own kernel runs
 
-bool depthwise_u8_available() { return false; }
 void depthwise_u8(const DepthwiseU8&, int) {}
 bool depthwise_u8_fits(int64_t, int64_t, int64_t) { return false; }
 

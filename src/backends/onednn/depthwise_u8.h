@@ -9,12 +9,12 @@
 // them (blocks of 16 channels, [C/16][KH][KW][16] s8, layout Abcde16a): no
 // copy is kept; each run widens them into a per-thread scratch.
 //
-// Requantization is the one of int8_split's epilogue: real = acc * (src_scale
-// * wei_scale[c]) + bias[c], the fused clamp folded into the uint8 bounds,
-// round half to even of real / dst_scale, plus the zero point.
+// Requantization: own_u8.h's RequantU8.
 #pragma once
 
 #include <cstdint>
+
+#include "backends/onednn/own_u8.h"
 
 namespace qpack {
 namespace onednn_rt {
@@ -25,18 +25,9 @@ struct DepthwiseU8 {
   int64_t N, H, W, C, OH, OW;
   int64_t KH, KW, SH, SW, PT, PL, DH, DW;  // dilation 1 = dense
   const int8_t* w;    // oneDNN Abcde16a: [ceil(C/16)][KH][KW][16]
-  float src_scale;
-  int32_t src_zero_point;
-  const float* wei_scales;  // C values, or one when !per_channel
-  bool per_channel;
-  const float* bias;        // C values, or null
-  float clamp_min, clamp_max;  // +-inf when unset
-  float dst_scale;
-  int32_t dst_zero_point;
+  RequantU8 q;
 };
 
-// True when this CPU (and ONEDNN_MAX_CPU_ISA) allows AVX-512 with VNNI.
-bool depthwise_u8_available();
 // True when this kernel is the faster one: windows up to 8x8 taps, at least
 // 64 channels. Below that a pixel's pointer set-up outweighs its one or two
 // 32-channel blocks (3x3 x32 @112², one thread: 174 us against oneDNN's 156).

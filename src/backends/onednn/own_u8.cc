@@ -1,0 +1,44 @@
+#include "backends/onednn/own_u8.h"
+
+#include <cstdlib>
+#include <new>
+
+#include "core/quant.h"
+
+namespace qpack {
+namespace onednn_rt {
+
+void RequantU8::bounds(uint8_t* qmin, uint8_t* qmax) const {
+  output_bounds_u8(clamp_min, clamp_max, dst_scale, dst_zero_point, qmin, qmax);
+}
+
+bool own_u8_available() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") &&
+                         __builtin_cpu_supports("avx512vnni");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+void* own_u8_scratch(size_t size) {
+  struct Buffer {
+    void* data = nullptr;
+    size_t size = 0;
+    ~Buffer() { std::free(data); }
+  };
+  thread_local Buffer b;
+  if (b.size < size) {
+    std::free(b.data);
+    b.size = 0;
+    b.data = std::aligned_alloc(64, (size + 63) / 64 * 64);
+    if (b.data == nullptr) throw std::bad_alloc();
+    b.size = size;
+  }
+  return b.data;
+}
+
+}  // namespace onednn_rt
+}  // namespace qpack

@@ -1,0 +1,43 @@
+// What qpack's own static int8 kernels on the oneDNN backend share
+// (depthwise_u8.h, pointwise_u8.h): the requantization of their int32
+// sums, the CPU check, and a per-thread scratch buffer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace qpack {
+namespace onednn_rt {
+
+// real = acc * src_scale * wei_scale[o] + bias[o], the fused clamp folded
+// into the uint8 bounds, round half to even of real / dst_scale, plus the
+// zero point: one fp32 FMA, acc * mult(o) + offset(o), in output quanta.
+// Within one quantum of oneDNN's epilogue and of PyTorch.
+struct RequantU8 {
+  float src_scale;
+  int32_t src_zero_point;
+  const float* wei_scales;  // one per output, or one when !per_channel
+  bool per_channel;
+  const float* bias;        // one per output, or null
+  float clamp_min, clamp_max;  // +-inf when unset
+  float dst_scale;
+  int32_t dst_zero_point;
+
+  float mult(int64_t o) const {
+    return src_scale * wei_scales[per_channel ? o : 0] * (1.0f / dst_scale);
+  }
+  float offset(int64_t o) const {
+    return (bias != nullptr ? bias[o] * (1.0f / dst_scale) : 0.0f) + static_cast<float>(dst_zero_point);
+  }
+  void bounds(uint8_t* qmin, uint8_t* qmax) const;
+};
+
+// True when this CPU allows AVX-512 with VNNI (the callers also respect
+// ONEDNN_MAX_CPU_ISA, through isa_has_avx512_vnni()).
+bool own_u8_available();
+// The calling thread's buffer of at least `size` bytes, 64-byte aligned,
+// reused by its next call.
+void* own_u8_scratch(size_t size);
+
+}  // namespace onednn_rt
+}  // namespace qpack

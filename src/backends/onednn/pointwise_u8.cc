@@ -1,0 +1,207 @@
+#include "backends/onednn/pointwise_u8.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/parallel.h"
+#include "core/quant.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define QPACK_PW_AVX512 1
+#define QPACK_PW_TARGET __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+#endif
+
+namespace qpack {
+namespace onednn_rt {
+
+void pointwise_u8_weight_sums(const int8_t* w, int64_t IC, int64_t OC, int64_t block,
+                              int32_t* sums) {
+  const int64_t groups = (IC + 3) / 4;
+  for (int64_t o = 0; o < OC; ++o) {
+    const int8_t* base = w + (o / block) * groups * block * 4 + (o % block) * 4;
+    int32_t s = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int i = 0; i < 4; ++i) s += base[g * block * 4 + i];
+    }
+    sums[o] = s;
+  }
+}
+
+#ifdef QPACK_PW_AVX512
+namespace {
+
+// Per-output constants of one run, in blocks of B outputs (zero past OC).
+struct Prepared {
+  int32_t* init;   // -src_zero_point * weight sum
+  float* mult;     // src_scale * wei_scale[o] / dst_scale
+  float* offset;   // bias[o] / dst_scale + dst_zero_point
+  bool clamp_lo, clamp_hi;  // the bounds the saturating packs do not give
+  uint8_t qmin, qmax;
+};
+
+Prepared prepare(const PointwiseU8& a, int64_t padded) {
+  auto* base = static_cast<uint8_t*>(own_u8_scratch(static_cast<size_t>(padded) * 12));
+  Prepared p{reinterpret_cast<int32_t*>(base), reinterpret_cast<float*>(base + padded * 4),
+             reinterpret_cast<float*>(base + padded * 8), true, true, 0, 255};
+  a.q.bounds(&p.qmin, &p.qmax);
+  float largest = 0.0f;  // of |acc * mult + offset|
+  for (int64_t o = 0; o < padded; ++o) {
+    const bool real = o < a.OC;
+    p.init[o] = real ? -a.q.src_zero_point * a.weight_sums[o] : 0;
+    p.mult[o] = real ? a.q.mult(o) : 0.0f;
+    p.offset[o] = real ? a.q.offset(o) : static_cast<float>(a.q.dst_zero_point);
+    // |acc| <= 255 * 128 * IC: |x - zero point| <= 255, |w| <= 128
+    largest = std::max(largest, std::fabs(p.mult[o]) * 255.0f * 128.0f * static_cast<float>(a.IC) +
+                                    std::fabs(p.offset[o]));
+  }
+  // The packs saturate to [0, 255] what converts: values below 2^30 do
+  // (std::isfinite also catches inf / NaN scales, which then clamp as before).
+  p.clamp_lo = p.qmin > 0;
+  p.clamp_hi = p.qmax < 255 || !(std::isfinite(largest) && largest < 1073741824.0f);
+  return p;
+}
+
+// R pixels x J blocks of 16 outputs: x[r] are the pixels' inputs, w the
+// block's weights [groups][16J][4], o0 its first output. Rows past `rows`
+// repeat a valid pixel and are not stored.
+template <int J, int R>
+QPACK_PW_TARGET void tile(const uint8_t* const* x, const int8_t* w, int64_t groups,
+                          const Prepared& p, int64_t o0, int64_t OC, __m512 lo, __m512 hi,
+                          uint8_t* const* y, int rows) {
+  __m512i acc[R][J];
+  #pragma GCC unroll 24
+  for (int j = 0; j < J; ++j) {
+    const __m512i init = _mm512_loadu_si512(p.init + o0 + 16 * j);
+    #pragma GCC unroll 24
+    for (int r = 0; r < R; ++r) acc[r][j] = init;
+  }
+  for (int64_t g = 0; g < groups; ++g, w += 64 * J) {
+    __m512i wv[J];
+    #pragma GCC unroll 24
+    for (int j = 0; j < J; ++j) wv[j] = _mm512_loadu_si512(w + 64 * j);
+    #pragma GCC unroll 24
+    for (int r = 0; r < R; ++r) {
+      int32_t four;
+      std::memcpy(&four, x[r] + 4 * g, 4);
+      const __m512i xb = _mm512_set1_epi32(four);
+      #pragma GCC unroll 24
+      for (int j = 0; j < J; ++j) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], xb, wv[j]);
+    }
+  }
+  // Requantized rows: the saturating packs clamp to [0, 255]; a fused
+  // activation's bounds, and values too large to convert, clamp in float.
+  __m512 mult[J], offset[J];
+  #pragma GCC unroll 24
+  for (int j = 0; j < J; ++j) {
+    mult[j] = _mm512_loadu_ps(p.mult + o0 + 16 * j);
+    offset[j] = _mm512_loadu_ps(p.offset + o0 + 16 * j);
+  }
+  const int64_t valid = std::min<int64_t>(16 * J, OC - o0);
+  #pragma GCC unroll 24
+  for (int r = 0; r < R; ++r) {
+    if (r >= rows) break;
+    __m512i q[4];
+    #pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      if (j >= J) {
+        q[j] = _mm512_setzero_si512();
+        continue;
+      }
+      __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), mult[j], offset[j]);
+      if (p.clamp_hi) v = _mm512_min_ps(v, hi);
+      if (p.clamp_lo) v = _mm512_max_ps(v, lo);
+      q[j] = _mm512_cvtps_epi32(v);  // half to even
+    }
+    if (J == 1) {
+      _mm_mask_storeu_epi8(y[r] + o0, static_cast<__mmask16>((1u << valid) - 1),
+                           _mm512_cvtusepi32_epi8(_mm512_max_epi32(q[0], _mm512_setzero_si512())));
+      continue;
+    }
+    // packs / packus interleave 128-bit lanes: dword 4L + j holds outputs
+    // 16j + 4L .. 16j + 4L + 3; one permute puts them back in order
+    const __m512i bytes = _mm512_packus_epi16(_mm512_packs_epi32(q[0], q[1]), _mm512_packs_epi32(q[2], q[3]));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __mmask64 m = valid >= 64 ? ~__mmask64(0) : (__mmask64(1) << valid) - 1;
+    _mm512_mask_storeu_epi8(y[r] + o0, m, _mm512_permutexvar_epi32(order, bytes));
+  }
+}
+
+// Output pixels [begin, end) of image-flattened index, every block of outputs.
+template <int J, int R>
+QPACK_PW_TARGET void run_pixels(const PointwiseU8& a, const Prepared& p, int64_t begin,
+                                int64_t end) {
+  const __m512 lo = _mm512_set1_ps(p.qmin), hi = _mm512_set1_ps(p.qmax);
+  constexpr int64_t B = 16 * J;
+  const int64_t groups = a.IC / 4, blocks = (a.OC + B - 1) / B;
+  const bool dense = a.SH == 1 && a.SW == 1;
+  const uint8_t* x[R];
+  uint8_t* y[R];
+  for (int64_t p0 = begin; p0 < end; p0 += R) {
+    const int rows = static_cast<int>(std::min<int64_t>(R, end - p0));
+    for (int r = 0; r < R; ++r) {
+      const int64_t q = p0 + std::min(r, rows - 1);
+      y[r] = a.y + q * a.OC;
+      if (dense) {
+        x[r] = a.x + q * a.IC;
+      } else {
+        const int64_t n = q / (a.OH * a.OW), oh = q / a.OW % a.OH, ow = q % a.OW;
+        x[r] = a.x + ((n * a.H + oh * a.SH) * a.W + ow * a.SW) * a.IC;
+      }
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+      tile<J, R>(x, a.w + b * groups * B * 4, groups, p, b * B, a.OC, lo, hi, y, rows);
+    }
+  }
+}
+
+template <int J, int R>
+void run(const PointwiseU8& a, int threads) {
+  const Prepared p = prepare(a, (a.OC + 16 * J - 1) / (16 * J) * 16 * J);
+  const int64_t pixels = a.N * a.OH * a.OW;
+  // about 256K multiply-adds per part at least: smaller layers run on the caller
+  const int64_t grain = std::max<int64_t>(2 * R, (int64_t(1) << 18) / std::max<int64_t>(1, a.IC * a.OC));
+  const int64_t tiles = (pixels + R - 1) / R;
+  parallel_chunks(tiles, (grain + R - 1) / R, threads, [&](int, int64_t b, int64_t e) {
+    run_pixels<J, R>(a, p, b * R, std::min(pixels, e * R));
+  });
+}
+
+}  // namespace
+
+bool pointwise_u8_fits(int64_t IC, int64_t block) {
+  return IC % 4 == 0 && IC > 0 && (block == 16 || block == 32 || block == 48 || block == 64);
+}
+
+// Measured against oneDNN's brgemm 1x1 on the same packed weights (one
+// thread, bench/bench_own_kernels.py): faster with few inputs per output
+// (16->96 @112² 1.5x, 24->144 @56² 1.4x, 64->384 @14² 1.25x) and about even
+// up to 576 inputs from 14x14 outputs; slower with blocks of 16 outputs
+// (32->16 @112²: 0.87x, one broadcast per multiply-add) and with many inputs
+// over few pixels (960->160 @7²: 0.89x, 320->1280 @7²: 0.94x).
+bool pointwise_u8_faster(int64_t IC, int64_t block, int64_t pixels) {
+  return block >= 32 && (IC <= 256 || (IC <= 576 && pixels >= 196));
+}
+
+void pointwise_u8(const PointwiseU8& a, int threads) {
+  switch (a.block) {
+    case 16: run<1, 16>(a, threads); break;
+    case 32: run<2, 12>(a, threads); break;
+    case 48: run<3, 8>(a, threads); break;
+    default: run<4, 6>(a, threads); break;
+  }
+}
+
+#else  // not x86-64: oneDNN's own kernel runs
+
+bool pointwise_u8_fits(int64_t, int64_t) { return false; }
+bool pointwise_u8_faster(int64_t, int64_t, int64_t) { return false; }
+void pointwise_u8(const PointwiseU8&, int) {}
+
+#endif
+
+}  // namespace onednn_rt
+}  // namespace qpack
