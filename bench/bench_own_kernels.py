@@ -1,6 +1,6 @@
 """Static int8 convolutions on qpack's own oneDNN-backend kernels against oneDNN 3.2's
 kernels on the same packed weights, and PyTorch's x86 quantized conv: MobileNetV2's ten
-depthwise shapes (src/backends/onednn/depthwise_u8.cc) and its 1x1 shapes with ResNet-18's
+depthwise shapes (src/backends/onednn/depthwise_u8.cc), and its 1x1 shapes with ResNet-18's
 strided 1x1 (pointwise_u8.cc); batch 1, uint8 channels-last in and out, fused ReLU6.
 
     .venv/bin/python bench/bench_own_kernels.py [--kind depthwise|pointwise|all] [--reps N] [--threads 1]
@@ -8,7 +8,7 @@ strided 1x1 (pointwise_u8.cc); batch 1, uint8 channels-last in and out, fused Re
 oneDNN's kernel runs the convolutions made while QPACK_ONEDNN_OWN_DEPTHWISE=0 or
 QPACK_ONEDNN_OWN_POINTWISE=0 (read when a convolution is made); where qpack keeps oneDNN's
 kernel anyway (below 64 channels depthwise; blocks of 16 outputs, or many inputs over few
-pixels, pointwise) both columns run it. Medians over rounds that alternate the three
+pixels, 1x1) both columns run it. Medians over rounds that alternate the three
 configurations, so other load on the machine hits all of them alike.
 """
 import argparse

@@ -202,24 +202,27 @@ def test_int8_depthwise_channels_last_matches_nchw(case):
 
 def pointwise_cases():
     """Static int8 1x1 convolutions around qpack's own oneDNN-backend kernel: input channels
-    from 4 to 576 (it reads 4 at a time; 6 and 3 are not multiples of 4 and stay on oneDNN's),
-    outputs on and off its 16-channel blocks, strides 1 and 2, batches, every activation,
-    bias or none, per-tensor or per-channel weight scales."""
+    from 1 to 576 (it reads 4 at a time: off multiples of 4 the buffer's last pixel comes
+    from a padded copy), outputs on and off its 16-channel blocks, strides 1 and 2, batches,
+    every activation, bias or none, per-tensor or per-channel weight scales; a first layer
+    over 3 channels (oneDNN's kernel on both sides)."""
     rng = random.Random(11)
     out = []
-    for cin, cout in ((4, 8), (16, 96), (24, 144), (32, 16), (32, 192), (40, 24), (64, 100),
-                      (96, 576), (144, 24), (160, 960), (256, 33), (576, 96), (6, 32), (3, 17)):
+    for cin, cout, k, pad in ((4, 8, 1, 0), (16, 96, 1, 0), (24, 144, 1, 0), (32, 16, 1, 0), (32, 192, 1, 0),
+                              (40, 24, 1, 0), (64, 100, 1, 0), (96, 576, 1, 0), (144, 24, 1, 0),
+                              (160, 960, 1, 0), (256, 33, 1, 0), (576, 96, 1, 0), (6, 32, 1, 0), (3, 17, 1, 0),
+                              (1, 48, 1, 0), (5, 40, 1, 0), (3, 32, 3, 1)):
         stride = rng.choice([(1, 1), (1, 1), (2, 2), (1, 2)])
-        hw = (rng.randint(1, 17), rng.randint(1, 17))
-        out.append(dict(batch=rng.randint(1, 3), cin=cin, cout=cout, groups=1, k=(1, 1), stride=stride,
-                        padding=(0, 0), dilation=(1, 1), hw=hw, bias=rng.random() < 0.7,
+        hw = (rng.randint(k, k + 16), rng.randint(k, k + 16))
+        out.append(dict(batch=rng.randint(1, 3), cin=cin, cout=cout, groups=1, k=(k, k), stride=stride,
+                        padding=(pad, pad), dilation=(1, 1), hw=hw, bias=rng.random() < 0.7,
                         per_channel=rng.random() < 0.7, activation=rng.choice(ACTIVATIONS),
                         channels_last=True))
     return out
 
 
 @pytest.mark.parametrize("own", ["1", "0"])
-@pytest.mark.parametrize("case", pointwise_cases(), ids=lambda c: f"{c['cin']}to{c['cout']}s{c['stride'][0]}")
+@pytest.mark.parametrize("case", pointwise_cases(), ids=lambda c: f"{c['cin']}to{c['cout']}k{c['k'][0]}s{c['stride'][0]}")
 def test_int8_pointwise_matches_torch(case, own, monkeypatch):
     """oneDNN backend, static int8 1x1: qpack's kernel (on AVX-512 VNNI CPUs, where it is the
     faster one) and oneDNN's (QPACK_ONEDNN_OWN_POINTWISE=0, read when a convolution is made)
@@ -228,15 +231,17 @@ def test_int8_pointwise_matches_torch(case, own, monkeypatch):
     monkeypatch.setenv("QPACK_ONEDNN_OWN_POINTWISE", own)
     check_int8("onednn", case)  # against torch; unpack after release
     w, ws, b, x = make_int8(case)
-    conv = qpack.PackedConv2d(w, b, case["stride"], 0, 1, 1, backend="onednn", weight_scale=ws,
+    conv = qpack.PackedConv2d(w, b, case["stride"], case["padding"], 1, 1, backend="onednn", weight_scale=ws,
                               output_scale=0.25, output_zero_point=98, activation=case["activation"])
     big = torch.randint(0, 256, (1, case["cin"], 20, 23), dtype=torch.uint8)
     for data in (x, big.contiguous(memory_format=torch.channels_last)):
         nhwc = conv(data, scale=0.04, zero_point=117)
         nchw = conv(data.contiguous(), scale=0.04, zero_point=117)
-        assert nhwc.is_contiguous(memory_format=torch.channels_last) and nchw.is_contiguous()
-        ref = torch_qconv(ENGINE["onednn"], data, 0.04, 117, w, ws, b, case["stride"], (0, 0), (1, 1), 1,
-                          0.25, 98, case["activation"])
+        # (one input channel: both layouts are the same bytes, read as NCHW)
+        assert nhwc.is_contiguous(memory_format=torch.channels_last) or case["cin"] == 1
+        assert nchw.is_contiguous()
+        ref = torch_qconv(ENGINE["onednn"], data, 0.04, 117, w, ws, b, case["stride"], case["padding"],
+                          (1, 1), 1, 0.25, 98, case["activation"])
         for y in (nhwc, nchw):
             assert (y.to(torch.int32) - ref).abs().max().item() <= 1, case
 

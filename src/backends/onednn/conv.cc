@@ -20,8 +20,9 @@
 // Where the CPU has AVX-512 VNNI, static int8 depthwise convolutions and 1x1
 // convolutions with few input channels run on qpack's own kernels
 // (depthwise_u8.h, pointwise_u8.h: channels-last, NCHW data is reordered
-// around them), reading the weights in the layout oneDNN packed them in
-// (checked once per packed weight, never assumed); elsewhere on oneDNN's.
+// around them) where they measured faster, reading the weights in the layout
+// oneDNN packed them in (checked once per packed weight, never assumed);
+// elsewhere on oneDNN's.
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
@@ -78,15 +79,14 @@ struct Packed {
   int64_t N = 1, H = 0, W = 0;
   std::shared_ptr<const void> keep;  // the model file mem points into, if any
   OwnKernel own = OwnKernel::none;
-  int64_t block = 0;                  // pointwise: outputs per block
+  PointwiseWeights pointwise{};       // pointwise: where its weights are
   std::vector<int32_t> weight_sums;   // pointwise: per output, over the inputs
   memory::desc md() const { return mem.get_desc(); }
 };
 
 // Sets packed->own when its layout is what `kernel` reads: depthwise_u8 the
 // weight [C, 1, 1, KH, KW] in blocks of 16 channels, [C/16][KH][KW][16]
-// (oneDNN's Abcde16a); pointwise_u8 the weight [OC, IC, 1, 1] as
-// [OC/B][IC/4][B][4] (oneDNN's "48a4b" and the like).
+// (oneDNN's Abcde16a); pointwise_u8 the layouts pointwise_u8_layout accepts.
 void find_own_layout(Packed* packed, const ConvSpec& spec, OwnKernel kernel) {
   packed->own = OwnKernel::none;
   if (kernel == OwnKernel::none) return;
@@ -102,16 +102,13 @@ void find_own_layout(Packed* packed, const ConvSpec& spec, OwnKernel kernel) {
     return;
   }
   const int64_t dims[4] = {spec.OC, spec.IC, 1, 1};
-  const int64_t B = l.blks[0];
-  if (l.ndims == 4 && std::equal(dims, dims + 4, l.dims) && l.nblks == 2 && l.idxs[0] == 0 &&
-      l.idxs[1] == 1 && l.blks[1] == 4 && pointwise_u8_fits(spec.IC, B) &&
-      l.strides[0] == spec.IC * B && l.strides[1] == 4 * B &&
-      l.size >= static_cast<uint64_t>((spec.OC + B - 1) / B * B * spec.IC)) {
+  if (l.ndims == 4 && std::equal(dims, dims + 4, l.dims) &&
+      pointwise_u8_layout(spec.OC, spec.IC, l.nblks, l.blks, l.idxs, l.strides, l.size,
+                          &packed->pointwise)) {
     packed->own = kernel;
-    packed->block = B;
     packed->weight_sums.resize(static_cast<size_t>(spec.OC));
-    pointwise_u8_weight_sums(static_cast<const int8_t*>(packed->mem.get_data_handle()), spec.IC,
-                             spec.OC, B, packed->weight_sums.data());
+    pointwise_u8_weight_sums(static_cast<const int8_t*>(packed->mem.get_data_handle()),
+                             packed->pointwise, spec.IC, spec.OC, packed->weight_sums.data());
   }
 }
 
@@ -250,8 +247,9 @@ class OnednnConv final : public ConvKernel {
     const RunQuant rq{input_scale, input_zero_point, spec_.output_scale, spec_.output_zero_point};
     if (own_ != OwnKernel::none) {
       auto packed = std::atomic_load(&packed_);
-      if (packed->own == own_ && (own_ == OwnKernel::depthwise ||
-                                  pointwise_u8_faster(spec_.IC, packed->block, s.OH * s.OW))) {
+      if (packed->own == own_ &&
+          (own_ == OwnKernel::depthwise ||
+           pointwise_u8_faster(spec_.IC, packed->pointwise, s.OH * s.OW))) {
         run_own(s, *packed, x, rq, y);
         return;
       }
@@ -457,7 +455,7 @@ class OnednnConv final : public ConvKernel {
                    num_threads());
     } else {
       pointwise_u8(PointwiseU8{src, dst, s.N, s.H, s.W, spec_.IC, spec_.OC, s.OH, s.OW,
-                               spec_.stride_h, spec_.stride_w, w, packed.block,
+                               spec_.stride_h, spec_.stride_w, w, packed.pointwise,
                                packed.weight_sums.data(), q},
                    num_threads());
     }

@@ -222,7 +222,7 @@ QPACK_DW_TARGET Prepared prepare_all(const DepthwiseU8& a) {
   const size_t zsize = sizeof(Block<Zmm>) + static_cast<size_t>(p.groups) * 4 * sizeof(__m512i);
   const size_t ysize = sizeof(Block<Ymm>) + static_cast<size_t>(p.groups) * 4 * sizeof(__m256i);
   auto* base = static_cast<uint8_t*>(
-      own_u8_scratch(p.wide * zsize + p.narrow * ysize + static_cast<size_t>(a.C) + 64));
+      own_u8_scratch(0, p.wide * zsize + p.narrow * ysize + static_cast<size_t>(a.C) + 64));
   p.zmm = reinterpret_cast<Block<Zmm>*>(base);
   auto* zw = reinterpret_cast<__m512i*>(p.zmm + p.wide);
   p.ymm = reinterpret_cast<Block<Ymm>*>(zw + p.wide * p.groups * 4);

@@ -23,13 +23,14 @@ bool own_u8_available() {
 #endif
 }
 
-void* own_u8_scratch(size_t size) {
+void* own_u8_scratch(int slot, size_t size) {
   struct Buffer {
     void* data = nullptr;
     size_t size = 0;
     ~Buffer() { std::free(data); }
   };
-  thread_local Buffer b;
+  thread_local Buffer buffers[2];
+  Buffer& b = buffers[slot];
   if (b.size < size) {
     std::free(b.data);
     b.size = 0;

@@ -35,9 +35,9 @@ struct RequantU8 {
 // True when this CPU allows AVX-512 with VNNI (the callers also respect
 // ONEDNN_MAX_CPU_ISA, through isa_has_avx512_vnni()).
 bool own_u8_available();
-// The calling thread's buffer of at least `size` bytes, 64-byte aligned,
-// reused by its next call.
-void* own_u8_scratch(size_t size);
+// The calling thread's buffer number `slot` (0 or 1) of at least `size`
+// bytes, 64-byte aligned, reused by its next call with that slot.
+void* own_u8_scratch(int slot, size_t size);
 
 }  // namespace onednn_rt
 }  // namespace qpack

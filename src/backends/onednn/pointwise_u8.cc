@@ -2,12 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
-#include <new>
 
 #include "core/parallel.h"
-#include "core/quant.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -17,15 +14,39 @@
 
 namespace qpack {
 namespace onednn_rt {
+namespace {
 
-void pointwise_u8_weight_sums(const int8_t* w, int64_t IC, int64_t OC, int64_t block,
+// The 64 bytes of outputs 16q .. 16q + 15, inputs 4g .. 4g + 3.
+inline int64_t weight_offset(const PointwiseWeights& wl, int64_t q, int64_t g) {
+  return 16 * q / wl.block * wl.block_stride + 16 * q % wl.block / 16 * 64 + g * wl.group_stride;
+}
+
+}  // namespace
+
+bool pointwise_u8_layout(int64_t OC, int64_t IC, int32_t nblks, const int64_t* blks,
+                         const int64_t* idxs, const int64_t* strides, uint64_t size,
+                         PointwiseWeights* out) {
+  if (IC < 1 || OC < 1 || nblks != 2 || idxs[0] != 0 || idxs[1] != 1 || blks[1] != 4 ||
+      !(blks[0] == 16 || blks[0] == 32 || blks[0] == 48 || blks[0] == 64)) {
+    return false;
+  }
+  PointwiseWeights wl{blks[0], strides[0], strides[1], (OC + blks[0] - 1) / blks[0]};
+  // every 64 bytes the kernel may read: the last block's outputs padded to the block
+  const int64_t last = weight_offset(wl, wl.blocks * wl.block / 16 - 1, (IC + 3) / 4 - 1);
+  if (wl.block_stride < 0 || wl.group_stride < 64 || static_cast<uint64_t>(last + 64) > size) {
+    return false;
+  }
+  *out = wl;
+  return true;
+}
+
+void pointwise_u8_weight_sums(const int8_t* w, const PointwiseWeights& wl, int64_t IC, int64_t OC,
                               int32_t* sums) {
-  const int64_t groups = (IC + 3) / 4;
   for (int64_t o = 0; o < OC; ++o) {
-    const int8_t* base = w + (o / block) * groups * block * 4 + (o % block) * 4;
     int32_t s = 0;
-    for (int64_t g = 0; g < groups; ++g) {
-      for (int i = 0; i < 4; ++i) s += base[g * block * 4 + i];
+    for (int64_t g = 0; g < (IC + 3) / 4; ++g) {
+      const int8_t* four = w + weight_offset(wl, o / 16, g) + o % 16 * 4;
+      s += four[0] + four[1] + four[2] + four[3];
     }
     sums[o] = s;
   }
@@ -34,19 +55,20 @@ void pointwise_u8_weight_sums(const int8_t* w, int64_t IC, int64_t OC, int64_t b
 #ifdef QPACK_PW_AVX512
 namespace {
 
-// Per-output constants of one run, in blocks of B outputs (zero past OC).
+// Per-output constants of one run, in groups of 16J outputs (zero past OC).
 struct Prepared {
   int32_t* init;   // -src_zero_point * weight sum
   float* mult;     // src_scale * wei_scale[o] / dst_scale
   float* offset;   // bias[o] / dst_scale + dst_zero_point
   bool clamp_lo, clamp_hi;  // the bounds the saturating packs do not give
   uint8_t qmin, qmax;
+  int64_t groups;  // of 4 inputs
 };
 
 Prepared prepare(const PointwiseU8& a, int64_t padded) {
-  auto* base = static_cast<uint8_t*>(own_u8_scratch(static_cast<size_t>(padded) * 12));
+  auto* base = static_cast<uint8_t*>(own_u8_scratch(0, static_cast<size_t>(padded) * 12));
   Prepared p{reinterpret_cast<int32_t*>(base), reinterpret_cast<float*>(base + padded * 4),
-             reinterpret_cast<float*>(base + padded * 8), true, true, 0, 255};
+             reinterpret_cast<float*>(base + padded * 8), true, true, 0, 255, (a.IC + 3) / 4};
   a.q.bounds(&p.qmin, &p.qmax);
   float largest = 0.0f;  // of |acc * mult + offset|
   for (int64_t o = 0; o < padded; ++o) {
@@ -65,11 +87,12 @@ Prepared prepare(const PointwiseU8& a, int64_t padded) {
   return p;
 }
 
-// R pixels x J blocks of 16 outputs: x[r] are the pixels' inputs, w the
-// block's weights [groups][16J][4], o0 its first output. Rows past `rows`
-// repeat a valid pixel and are not stored.
+// R pixels x J groups of 16 outputs from o0, one block of the weights: the
+// four input bytes of group g of pixel r are at x[r] + 4g, the weights of
+// output group j at w + g * group_stride + 64j. Rows past `rows` repeat a
+// valid pixel and are not stored.
 template <int J, int R>
-QPACK_PW_TARGET void tile(const uint8_t* const* x, const int8_t* w, int64_t groups,
+QPACK_PW_TARGET void tile(const uint8_t* const* x, int64_t group_stride, const int8_t* w,
                           const Prepared& p, int64_t o0, int64_t OC, __m512 lo, __m512 hi,
                           uint8_t* const* y, int rows) {
   __m512i acc[R][J];
@@ -79,7 +102,8 @@ QPACK_PW_TARGET void tile(const uint8_t* const* x, const int8_t* w, int64_t grou
     #pragma GCC unroll 24
     for (int r = 0; r < R; ++r) acc[r][j] = init;
   }
-  for (int64_t g = 0; g < groups; ++g, w += 64 * J) {
+  const int64_t groups = p.groups;
+  for (int64_t g = 0; g < groups; ++g, w += group_stride) {
     __m512i wv[J];
     #pragma GCC unroll 24
     for (int j = 0; j < J; ++j) wv[j] = _mm512_loadu_si512(w + 64 * j);
@@ -130,30 +154,54 @@ QPACK_PW_TARGET void tile(const uint8_t* const* x, const int8_t* w, int64_t grou
   }
 }
 
-// Output pixels [begin, end) of image-flattened index, every block of outputs.
+
+
+// Output pixels [begin, end) of image-flattened index, every output group.
+// With an input count that is not a multiple of 4 the last group reads up to
+// 3 bytes of the next pixel, against zero weights; a tile that would read
+// past the buffer's end reads its pixels from zero-padded copies.
 template <int J, int R>
 QPACK_PW_TARGET void run_pixels(const PointwiseU8& a, const Prepared& p, int64_t begin,
                                 int64_t end) {
   const __m512 lo = _mm512_set1_ps(p.qmin), hi = _mm512_set1_ps(p.qmax);
-  constexpr int64_t B = 16 * J;
-  const int64_t groups = a.IC / 4, blocks = (a.OC + B - 1) / B;
-  const bool dense = a.SH == 1 && a.SW == 1;
+  const int64_t padded_ic = 4 * p.groups;
+  const uint8_t* x_end = a.x + a.N * a.H * a.W * a.IC;
   const uint8_t* x[R];
   uint8_t* y[R];
+  const bool dense = a.SH == 1 && a.SW == 1;  // output pixel q reads input pixel q
+  int64_t n = begin / (a.OH * a.OW), oh = begin / a.OW % a.OH, ow = begin % a.OW;
   for (int64_t p0 = begin; p0 < end; p0 += R) {
     const int rows = static_cast<int>(std::min<int64_t>(R, end - p0));
-    for (int r = 0; r < R; ++r) {
-      const int64_t q = p0 + std::min(r, rows - 1);
-      y[r] = a.y + q * a.OC;
+    for (int r = 0; r < rows; ++r) {
+      y[r] = a.y + (p0 + r) * a.OC;
       if (dense) {
-        x[r] = a.x + q * a.IC;
-      } else {
-        const int64_t n = q / (a.OH * a.OW), oh = q / a.OW % a.OH, ow = q % a.OW;
-        x[r] = a.x + ((n * a.H + oh * a.SH) * a.W + ow * a.SW) * a.IC;
+        x[r] = a.x + (p0 + r) * a.IC;
+        continue;
+      }
+      x[r] = a.x + ((n * a.H + oh * a.SH) * a.W + ow * a.SW) * a.IC;
+      if (++ow == a.OW) {
+        ow = 0;
+        if (++oh == a.OH) {
+          oh = 0;
+          ++n;
+        }
       }
     }
-    for (int64_t b = 0; b < blocks; ++b) {
-      tile<J, R>(x, a.w + b * groups * B * 4, groups, p, b * B, a.OC, lo, hi, y, rows);
+    for (int r = rows; r < R; ++r) {
+      x[r] = x[rows - 1];
+      y[r] = y[rows - 1];
+    }
+    if (x[rows - 1] + padded_ic > x_end) {  // the buffer's last pixel, IC % 4 != 0
+      auto* copies = static_cast<uint8_t*>(own_u8_scratch(1, static_cast<size_t>(R * padded_ic)));
+      for (int r = 0; r < R; ++r) {
+        std::memcpy(copies + r * padded_ic, x[r], static_cast<size_t>(a.IC));
+        std::memset(copies + r * padded_ic + a.IC, 0, static_cast<size_t>(padded_ic - a.IC));
+        x[r] = copies + r * padded_ic;
+      }
+    }
+    for (int64_t b = 0; b < a.wl.blocks; ++b) {
+      tile<J, R>(x, a.wl.group_stride, a.w + b * a.wl.block_stride, p, b * 16 * J, a.OC, lo, hi, y,
+                 rows);
     }
   }
 }
@@ -172,22 +220,21 @@ void run(const PointwiseU8& a, int threads) {
 
 }  // namespace
 
-bool pointwise_u8_fits(int64_t IC, int64_t block) {
-  return IC % 4 == 0 && IC > 0 && (block == 16 || block == 32 || block == 48 || block == 64);
-}
-
 // Measured against oneDNN's brgemm 1x1 on the same packed weights (one
 // thread, bench/bench_own_kernels.py): faster with few inputs per output
-// (16->96 @112² 1.5x, 24->144 @56² 1.4x, 64->384 @14² 1.25x) and about even
+// (16->96 @112² 1.55x, 24->144 @56² 1.5x, 64->384 @14² 1.3x) and about even
 // up to 576 inputs from 14x14 outputs; slower with blocks of 16 outputs
-// (32->16 @112²: 0.87x, one broadcast per multiply-add) and with many inputs
-// over few pixels (960->160 @7²: 0.89x, 320->1280 @7²: 0.94x).
-bool pointwise_u8_faster(int64_t IC, int64_t block, int64_t pixels) {
-  return block >= 32 && (IC <= 256 || (IC <= 576 && pixels >= 196));
+// (32->16 @112²: 0.9x, one broadcast per multiply-add) and with many inputs
+// over few pixels (960->160 @7²: 0.9x, 320->1280 @7²: 0.94x). (Windows over
+// 3-channel images, read 4 bytes a tap, measured 0.6-0.9x oneDNN's first-layer
+// kernels: not done here.)
+bool pointwise_u8_faster(int64_t IC, const PointwiseWeights& wl, int64_t pixels) {
+  return wl.block >= 32 && (IC <= 256 || (IC <= 576 && pixels >= 196));
 }
 
 void pointwise_u8(const PointwiseU8& a, int threads) {
-  switch (a.block) {
+  // J = B / 16: a block's outputs in one tile
+  switch (a.wl.block) {
     case 16: run<1, 16>(a, threads); break;
     case 32: run<2, 12>(a, threads); break;
     case 48: run<3, 8>(a, threads); break;
@@ -197,8 +244,7 @@ void pointwise_u8(const PointwiseU8& a, int threads) {
 
 #else  // not x86-64: oneDNN's own kernel runs
 
-bool pointwise_u8_fits(int64_t, int64_t) { return false; }
-bool pointwise_u8_faster(int64_t, int64_t, int64_t) { return false; }
+bool pointwise_u8_faster(int64_t, const PointwiseWeights&, int64_t) { return false; }
 void pointwise_u8(const PointwiseU8&, int) {}
 
 #endif

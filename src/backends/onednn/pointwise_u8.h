@@ -3,7 +3,7 @@
 //
 // oneDNN 3.2's brgemm 1x1 kernel runs MobileNetV2's expansions, with 16 to 32
 // input channels, at 31-47 % of this core's VNNI peak (16->96 @112²: 262 us
-// on one thread): with so few input channels per output its per-output work
+// on one thread): with so few inputs per output its per-output work
 // (requantization, stores) outweighs the multiply-adds. This kernel keeps a
 // tile of R pixels x 16J output channels in registers (R J <= 24 zmm
 // accumulators), broadcasts four input bytes of a pixel to all lanes and
@@ -11,11 +11,11 @@
 // instruction (vpdpbusd, u8 x s8 -> s32, exact), and requantizes the tile
 // straight from the registers.
 //
-// It reads the weights where oneDNN packed them: [OC/B][IC/4][B][4] s8 with
-// B = 16J output channels per block (the layout oneDNN's VNNI 1x1 kernels
-// choose, "48a4b" and the like), checked by the caller, never assumed; the
-// zero points and padding of the last block are zeros there. The source zero
-// point enters as -zp * (sum of the output's weights), exact in int32.
+// It reads the weights where oneDNN packed them: blocks of B outputs x 4
+// inputs ("48a4b" and the like; see PointwiseWeights), checked by the
+// caller, never assumed; padding inputs and outputs are zeros there. The
+// source zero point enters as -zp * (sum of the output's weights), exact in
+// int32.
 //
 // Requantization: own_u8.h's RequantU8.
 #pragma once
@@ -27,24 +27,36 @@
 namespace qpack {
 namespace onednn_rt {
 
+// Where the four weights of inputs 4g .. 4g+3 of outputs 16q .. 16q+15 are
+// (64 bytes, [16][4] s8): w + (16q / block) * block_stride + (16q % block) /
+// 16 * 64 + g * group_stride.
+struct PointwiseWeights {
+  int64_t block;  // 16, 32, 48 or 64 outputs
+  int64_t block_stride, group_stride;
+  int64_t blocks;  // of `block` outputs in the packed buffer
+};
+
 struct PointwiseU8 {
   const uint8_t* x;  // [N][H][W][IC]
   uint8_t* y;        // [N][OH][OW][OC]
   int64_t N, H, W, IC, OC, OH, OW;
   int64_t SH, SW;    // strides; no padding
-  const int8_t* w;   // [ceil(OC/B)][IC/4][B][4]
-  int64_t block;     // B: 16, 32, 48 or 64
-  const int32_t* weight_sums;  // OC sums over the input channels
+  const int8_t* w;
+  PointwiseWeights wl;
+  const int32_t* weight_sums;  // OC sums over the inputs
   RequantU8 q;
 };
 
-// True when this kernel reads a weight of IC inputs in blocks of B outputs.
-bool pointwise_u8_fits(int64_t IC, int64_t block);
-// True when it is also the faster one for `pixels` outputs per image
-// (measured, see pointwise_u8.cc).
-bool pointwise_u8_faster(int64_t IC, int64_t block, int64_t pixels);
+// The layout of a packed weight [OC, IC, 1, 1] this kernel reads, from its
+// oneDNN description (inner blocks, strides, size), or false.
+bool pointwise_u8_layout(int64_t OC, int64_t IC, int32_t nblks, const int64_t* blks,
+                         const int64_t* idxs, const int64_t* strides, uint64_t size,
+                         PointwiseWeights* out);
+// True when this kernel is also the faster one for `pixels` outputs per
+// image (measured, see pointwise_u8.cc).
+bool pointwise_u8_faster(int64_t IC, const PointwiseWeights& wl, int64_t pixels);
 // The per-output weight sums the kernel needs, from the packed weights.
-void pointwise_u8_weight_sums(const int8_t* w, int64_t IC, int64_t OC, int64_t block,
+void pointwise_u8_weight_sums(const int8_t* w, const PointwiseWeights& wl, int64_t IC, int64_t OC,
                               int32_t* sums);
 // Runs the convolution on `threads` threads (output pixels split evenly).
 void pointwise_u8(const PointwiseU8& a, int threads);
