@@ -38,10 +38,11 @@ NODE_KINDS = {                                      # qpack_node_kind (src/inclu
     12: "mul",
     13: "channels",
     14: "adaptive_avgpool2d",
+    15: "prelu", 16: "resize_nearest", 17: "resize_bilinear",
 }
 ACTIVATIONS = {                                     # qpack_activation
     0: "none", 1: "relu", 2: "clamp", 3: "hardswish", 4: "sigmoid", 5: "gelu", 6: "silu",
-    7: "hardsigmoid",
+    7: "hardsigmoid", 8: "leaky_relu",
 }
 MAX_NODE_INPUTS = 8                                 # qpack_graph_node.inputs[8]
 LINEAR_GEOMETRY = ("K", "N")
@@ -663,8 +664,9 @@ def _node(c, k, nv, ops, problems, where):
     node["act_min"], node["act_max"] = c.f32("node act_min"), c.f32("node act_max")
     na = c.u32("node num_affine")
     node["num_affine"] = na
-    c.array("f", na, "node affine scale")
-    c.array("f", na, "node affine shift")
+    c.array("f", na, "node affine scale")  # prelu: its slopes, no shift
+    if kind != 15:
+        c.array("f", na, "node affine shift")
 
     bad = [v for v in node["inputs"] if not 0 <= v < nv]
     if bad:
@@ -689,15 +691,17 @@ def _node(c, k, nv, ops, problems, where):
         if min(node["kernel"] + node["stride"]) < 1 or min(node["pad"]) < 0:
             problems.append(f"{where} ({name}): kernel {node['kernel']}, stride {node['stride']}, "
                             f"pad {node['pad']} out of range")
-    if name == "affine" and na == 0:
-        problems.append(f"{where}: an affine node without channels")
-    elif name != "affine" and na:
+    if name in ("affine", "prelu") and na == 0:
+        problems.append(f"{where}: an {name} node without channels")
+    elif name not in ("affine", "prelu") and na:
         problems.append(f"{where} ({name}): {na} affine channels on a non-affine node")
-    want_in = {"add": 2, "mul": 2}.get(name, None if name == "concat" else 1)
+    want_in = {"add": 2, "mul": 2}.get(name, None if name in ("concat", "resize_nearest", "resize_bilinear") else 1)
     if kind in NODE_KINDS and want_in is not None and n_in != want_in:
         problems.append(f"{where} ({name}): {n_in} inputs, expected {want_in}")
     elif name == "concat" and n_in < 1:
         problems.append(f"{where} (concat): no inputs")
+    elif name.startswith("resize") and n_in not in (1, 2):
+        problems.append(f"{where} ({name}): {n_in} inputs, expected 1 or 2")
     return node
 
 

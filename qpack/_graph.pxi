@@ -7,10 +7,13 @@ NODE_KINDS = {"conv2d": QPACK_NODE_CONV2D, "linear": QPACK_NODE_LINEAR, "add": Q
               "concat": QPACK_NODE_CONCAT, "activation": QPACK_NODE_ACTIVATION,
               "affine": QPACK_NODE_AFFINE, "quantize": QPACK_NODE_QUANTIZE,
               "dequantize": QPACK_NODE_DEQUANTIZE, "mul": QPACK_NODE_MUL,
-              "channels": QPACK_NODE_CHANNELS, "adaptive_avgpool2d": QPACK_NODE_ADAPTIVE_AVGPOOL2D}
+              "channels": QPACK_NODE_CHANNELS, "adaptive_avgpool2d": QPACK_NODE_ADAPTIVE_AVGPOOL2D,
+              "prelu": QPACK_NODE_PRELU, "resize_nearest": QPACK_NODE_RESIZE_NEAREST,
+              "resize_bilinear": QPACK_NODE_RESIZE_BILINEAR}
 ACTIVATIONS = {None: QPACK_ACT_NONE, "relu": QPACK_ACT_RELU, "clamp": QPACK_ACT_CLAMP,
                "hardswish": QPACK_ACT_HARDSWISH, "sigmoid": QPACK_ACT_SIGMOID,
-               "gelu": QPACK_ACT_GELU, "silu": QPACK_ACT_SILU, "hardsigmoid": QPACK_ACT_HARDSIGMOID}
+               "gelu": QPACK_ACT_GELU, "silu": QPACK_ACT_SILU, "hardsigmoid": QPACK_ACT_HARDSIGMOID,
+               "leaky_relu": QPACK_ACT_LEAKY_RELU}
 DTYPES = {"f32": QPACK_DTYPE_F32, "u8": QPACK_DTYPE_U8}
 
 
@@ -45,7 +48,10 @@ cdef class GraphHandle:
     values: [(dtype 'f32'|'u8', scale, zero_point)]; nodes: [dict(kind=..., inputs=[...],
     output=..., op=LinearHandle|Conv2dHandle, kernel=(h, w), stride=(h, w),
     padding=(t, l, b, r), ceil_mode, count_include_pad, keepdim, activation,
-    act_min, act_max, scale, shift)]; inputs / outputs: value indices."""
+    act_min, act_max, scale, shift, slopes)]; inputs / outputs: value indices.
+    leaky_relu: act_min = negative slope; prelu: slopes (1 or C); resize_nearest /
+    resize_bilinear: size=(h, w) or scale=(h, w) (or a second input whose H, W
+    are taken), align_corners (bilinear)."""
     cdef qpack_graph* _h
     cdef readonly int num_inputs
     cdef readonly int num_outputs
@@ -81,15 +87,17 @@ cdef class GraphHandle:
                     cn[i].conv = (<Conv2dHandle>op)._h
                 elif isinstance(op, LinearHandle):
                     cn[i].linear = (<LinearHandle>op)._h
-                cn[i].kernel_h, cn[i].kernel_w = n.get("kernel", (1, 1))
+                cn[i].kernel_h, cn[i].kernel_w = n.get("size", (0, 0)) if n["kind"].startswith("resize") \
+                    else n.get("kernel", (1, 1))
                 cn[i].stride_h, cn[i].stride_w = n.get("stride", (1, 1))
                 cn[i].pad_top, cn[i].pad_left, cn[i].pad_bottom, cn[i].pad_right = n.get("padding", (0, 0, 0, 0))
-                cn[i].ceil_mode = bool(n.get("ceil_mode", False))
+                cn[i].ceil_mode = bool(n.get("align_corners" if n["kind"].startswith("resize") else "ceil_mode",
+                                             False))
                 cn[i].count_include_pad = bool(n.get("count_include_pad", True))
                 cn[i].keepdim = bool(n.get("keepdim", True))
                 cn[i].activation = ACTIVATIONS[n.get("activation")]
-                cn[i].act_min = n.get("act_min", 0.0)
-                cn[i].act_max = n.get("act_max", 0.0)
+                cn[i].act_min, cn[i].act_max = n.get("scale", (0.0, 0.0)) if n["kind"].startswith("resize") \
+                    else (n.get("act_min", 0.0), n.get("act_max", 0.0))
                 if n["kind"] == "affine":
                     sc = np.ascontiguousarray(n["scale"], dtype=np.float32)
                     sh = np.ascontiguousarray(n["shift"], dtype=np.float32)
@@ -100,6 +108,14 @@ cdef class GraphHandle:
                     cn[i].affine_scale = &fview[0]
                     fview = sh
                     cn[i].affine_shift = &fview[0]
+                    cn[i].channels = sc.shape[0]
+                elif n["kind"] == "prelu":
+                    sc = np.ascontiguousarray(n["slopes"], dtype=np.float32)
+                    if sc.ndim != 1 or sc.shape[0] == 0:
+                        raise InvalidArgumentError("prelu slopes must be 1-D with 1 or C values")
+                    keep.append(sc)
+                    fview = sc
+                    cn[i].affine_scale = &fview[0]
                     cn[i].channels = sc.shape[0]
             p.num_values = nv
             p.values = cv

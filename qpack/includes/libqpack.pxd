@@ -211,6 +211,9 @@ cdef extern from "qpack/qpack.h" nogil:
         QPACK_NODE_MUL
         QPACK_NODE_CHANNELS
         QPACK_NODE_ADAPTIVE_AVGPOOL2D
+        QPACK_NODE_PRELU
+        QPACK_NODE_RESIZE_NEAREST
+        QPACK_NODE_RESIZE_BILINEAR
 
     ctypedef enum qpack_activation:
         QPACK_ACT_NONE
@@ -221,6 +224,7 @@ cdef extern from "qpack/qpack.h" nogil:
         QPACK_ACT_GELU
         QPACK_ACT_SILU
         QPACK_ACT_HARDSIGMOID
+        QPACK_ACT_LEAKY_RELU
 
     ctypedef struct qpack_graph_value:
         qpack_dtype dtype

@@ -493,8 +493,9 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
     - ``mapping``: {source type: Rule} entries that override ``MAPPING``.
     - ``graph``: when the traced model holds only ops qpack's core runs
       (frozen conv/linear, add, mul, pooling, mean, flatten, concat, ReLU/
-      ReLU6/Hardtanh/Hardswish/Hardsigmoid/Sigmoid/GELU/SiLU, unfolded
-      BatchNorm2d, Identity/Dropout), its forward becomes one graph run by the
+      ReLU6/Hardtanh/Hardswish/Hardsigmoid/Sigmoid/GELU/SiLU/LeakyReLU, PReLU,
+      nearest / bilinear interpolate and Upsample, unfolded BatchNorm2d,
+      Identity/Dropout), its forward becomes one graph run by the
       core (other ops split it into graphs with PyTorch between): activations
       stay NHWC between ops and, for ``dtype="int8"`` with
       ``example_inputs``, uint8 with parameters calibrated per edge

@@ -52,6 +52,8 @@ def _activation(node, modules):
             return "clamp", float(m.min_val), float(m.max_val)
         if type(m) is nn.GELU and m.approximate == "none":
             return "gelu", 0.0, 0.0
+        if type(m) is nn.LeakyReLU:
+            return "leaky_relu", float(m.negative_slope), 0.0
         return None
     if (node.op == "call_method" and node.target in ("clamp", "clamp_")) or (
             node.op == "call_function" and node.target is torch.clamp):
@@ -62,6 +64,12 @@ def _activation(node, modules):
         if isinstance(lo, (int, float)) and hi is None and float(lo) == 0.0:
             return "relu", 0.0, 0.0
         return None
+    if node.op == "call_function" and node.target in (F.leaky_relu, F.leaky_relu_):
+        slope = _dim_arg(node, 1, "negative_slope", 0.01)
+        if set(node.kwargs) - {"negative_slope", "inplace"} or len(node.args) > 3 or not isinstance(
+                slope, (int, float)) or isinstance(slope, bool):
+            return None
+        return "leaky_relu", float(slope), 0.0
     if node.op == "call_function":
         if node.target not in (F.hardtanh, F.hardtanh_) and (
                 len(node.args) != 1 or set(node.kwargs) - {"inplace", "approximate"}):
@@ -287,6 +295,16 @@ class _Lowering:
                 raise Unsupported("concat other than along dim 1")
             self.emit_checked(node, "concat", list(tensors))
             return
+        if isinstance(m, nn.PReLU):
+            self.emit_checked(node, "prelu", [node.args[0]], slopes=m.weight.detach().float().reshape(-1).numpy().copy())
+            return
+        resize = _resize(node, m)
+        if resize is not None:
+            x, like, kind, params = resize
+            if rank_of(x) not in (None, 4):
+                raise Unsupported("a resize of a value other than rank 4")
+            self.emit_checked(node, kind, [x] + ([like] if like is not None else []), **params)
+            return
         if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)) and not m.training and m.track_running_stats:
             var, mean = m.running_var.double(), m.running_mean.double()
             g = m.weight.detach().double() if m.weight is not None else torch.ones_like(var)
@@ -299,7 +317,7 @@ class _Lowering:
 
     # ops that keep their input's torch.ao qparams (what PyTorch's quantized kernels do)
     _KEEPS_QPARAMS = ("activation", "maxpool2d", "avgpool2d", "global_avgpool", "flatten", "channels",
-                      "adaptive_avgpool2d")
+                      "adaptive_avgpool2d", "resize_nearest", "resize_bilinear")
 
     def constant(self, a):
         """A number, or the one-element tensor a get_attr node names (convert_fx keeps
@@ -430,6 +448,87 @@ def channel_part(x, parts, index, groups):
         n, c = x.shape[0], x.shape[1]
         x = x.reshape(n, groups, c // groups, *x.shape[2:]).transpose(1, 2).reshape(x.shape)
     return x
+
+
+def resize_like(x, like, mode, align_corners):
+    """``F.interpolate(x, size=like.shape[-2:], ...)``: what canonicalize() rewrites
+    that spelling (torchvision's FPN) to; the core runs it as a resize node whose
+    second input gives H and W."""
+    return F.interpolate(x, size=like.shape[-2:], mode=mode, align_corners=align_corners)
+
+
+_INTERPOLATE_ARGS = ("size", "scale_factor", "mode", "align_corners", "recompute_scale_factor", "antialias")
+
+
+def _interpolate_args(node, m):
+    """F.interpolate's arguments of an nn.Upsample / F.interpolate node, else None."""
+    if isinstance(m, nn.Upsample):
+        return dict(size=m.size, scale_factor=m.scale_factor, mode=m.mode, align_corners=m.align_corners,
+                    recompute_scale_factor=m.recompute_scale_factor, antialias=False)
+    if node.op != "call_function" or node.target is not F.interpolate:
+        return None
+    kw = dict(size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None,
+              antialias=False)
+    kw.update(zip(_INTERPOLATE_ARGS, node.args[1:]))
+    kw.update(node.kwargs)
+    return kw
+
+
+def _resize(node, m):
+    """(input, H/W source value or None, node kind, params) of a resize the core runs
+    (nearest or bilinear to a constant size, by constant scale factors, or to another
+    value's H and W), None when the node is no resize; Unsupported for the others."""
+    if node.op == "call_function" and node.target is resize_like:
+        x, like, mode, align_corners = node.args
+        like_params = {}
+    else:
+        kw = _interpolate_args(node, m)
+        if kw is None:
+            return None
+        x, like, mode, align_corners = node.args[0], None, kw["mode"], kw["align_corners"]
+        if kw["antialias"] or any(isinstance(v, torch.fx.Node) for k, v in kw.items() if k != "size"):
+            raise Unsupported("interpolate with antialias or traced arguments")
+        size, scale = kw["size"], kw["scale_factor"]
+        if isinstance(size, torch.fx.Node) or (size is None) == (scale is None):
+            raise Unsupported("interpolate to a traced size (other than another value's H and W)")
+        if size is not None:
+            size = _ints(size, 2)
+            if len(size) != 2 or not all(isinstance(v, int) and v >= 1 for v in size):
+                raise Unsupported(f"interpolate to size {size}")
+            like_params = dict(size=size)
+        else:
+            scale = tuple(float(v) for v in _ints(scale, 2))
+            # the core holds float32 scale factors: only those that are exactly one
+            # give PyTorch's floor(in * scale) sizes and 1 / scale coordinates
+            if len(scale) != 2 or not all(v > 0 and float(np.float32(v)) == v for v in scale):
+                raise Unsupported(f"interpolate by scale factors {scale}")
+            if kw["recompute_scale_factor"] and not all(v == int(v) for v in scale):
+                raise Unsupported("recompute_scale_factor with a fractional scale factor")
+            like_params = dict(scale=scale)
+    if mode not in ("nearest", "bilinear"):
+        raise Unsupported(f"interpolate mode {mode!r}")
+    if mode == "nearest" and align_corners is not None:
+        raise Unsupported("nearest with align_corners")
+    params = dict(like_params, **({"align_corners": bool(align_corners)} if mode == "bilinear" else {}))
+    return x, like, "resize_" + mode, params
+
+
+def _hw_source(size, shapes):
+    """The value whose H and W a traced interpolate size is (``y.shape[-2:]``,
+    ``y.size()[2:]``, ``(y.shape[2], y.shape[3])``), else None."""
+    if isinstance(size, torch.fx.Node) and size.op == "call_function" and size.target is operator.getitem \
+            and isinstance(size.args[1], slice):
+        base, sl = shapes.sym.get(size.args[0]), size.args[1]
+        if base is not None and base[0] == "size" and sl.stop is None and sl.step is None and (
+                sl.start == -2 or sl.start == 2 and rank_of(base[1]) in (None, 4)):
+            return base[1]
+        return None
+    if isinstance(size, (tuple, list)) and len(size) == 2:
+        dims = [shapes.sym.get(d) if isinstance(d, torch.fx.Node) else None for d in size]
+        if all(d is not None and d[0] == "dim" for d in dims) and dims[0][1] is dims[1][1] and \
+                [dims[0][2], dims[1][2]] == [2, 3]:
+            return dims[0][1]
+    return None
 
 
 _SAME_RANK_MODULES = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.SiLU, nn.GELU,
@@ -601,6 +700,8 @@ def _channels(node, modules):
     if node.op == "call_function" and node.target is torch.cat:
         cs = [channels_of(t) for t in x] if isinstance(x, (tuple, list)) else [None]
         return sum(cs) if None not in cs and _dim_arg(node, 1, "dim", 0) == 1 else None
+    if node.op == "call_function" and node.target is resize_like:
+        return channels_of(x)
     if node.op == "call_function" and node.target is channel_part:
         c = channels_of(x)
         return c // node.args[1] if c is not None and c % node.args[1] == 0 else None
@@ -644,7 +745,7 @@ def _rank(node, modules):
             node.op == "call_method" and node.target in _SAME_RANK_METHODS):
         ranks = [rank_of(a) for a in node.args if isinstance(a, torch.fx.Node)]
         return None if not ranks or None in ranks else max(ranks)
-    if node.op == "call_function" and node.target in (F.adaptive_avg_pool2d, F.adaptive_max_pool2d):
+    if node.op == "call_function" and node.target in (F.adaptive_avg_pool2d, F.adaptive_max_pool2d, resize_like):
         return 4
     if node.op == "call_function" and node.target is F.adaptive_avg_pool1d:
         return 3
@@ -693,7 +794,7 @@ def _batch(node, modules):
             node.op == "call_method" and node.target in _SAME_RANK_METHODS - {"transpose"}):
         batches = {of(a) for a in node.args if isinstance(a, torch.fx.Node)}
         keeps = len(batches) == 1
-    elif node.op == "call_function" and node.target in (F.adaptive_avg_pool2d, F.adaptive_avg_pool1d):
+    elif node.op == "call_function" and node.target in (F.adaptive_avg_pool2d, F.adaptive_avg_pool1d, resize_like):
         keeps = True
     elif (node.op == "call_function" and node.target is torch.flatten) or (
             node.op == "call_method" and node.target == "flatten"):
@@ -731,6 +832,7 @@ def canonicalize(gm):
     - x.squeeze(-1) (twice for rank 4) of a globally pooled value -> flatten;
     - ShuffleNet's channel shuffle (view to 5-D, transpose(1, 2), contiguous,
       view back) and x.chunk(n, 1)[i] -> channel_part();
+    - F.interpolate(x, size=y.shape[-2:]) (torchvision's FPN) -> resize_like();
     - negative dims of torch.cat and mean made positive where the rank is known.
     Every rewrite computes what the spelling did, in PyTorch too."""
     g = gm.graph
@@ -797,6 +899,17 @@ def canonicalize(gm):
                         and rank_of(x.args[0]) == 4 and {2, 3} <= x.args[0].meta.get("qpack_unit", frozenset())):
                     src = x.args[0]
                 node = replace(node, torch.flatten, (src, 1))
+        elif node.op == "call_function" and node.target is F.interpolate:
+            kw = _interpolate_args(node, None)
+            like = _hw_source(kw["size"], shapes)
+            if like is not None and kw["scale_factor"] is None and not kw["antialias"] and isinstance(kw["mode"], str):
+                size = kw["size"]
+                node = replace(node, resize_like, (x, like, kw["mode"], kw["align_corners"]))
+                for dead in size if isinstance(size, (tuple, list)) else [size]:
+                    if not dead.users and dead.op == "call_function" and dead.target is operator.getitem \
+                            and dead not in shapes.sym:
+                        g.erase_node(dead)
+                        erased.add(dead)
         elif node.op == "call_function" and node.target is torch.cat:
             dim = _dim_arg(node, 1, "dim", 0)
             ranks = {rank_of(t) for t in node.args[0]} if isinstance(node.args[0], (tuple, list)) else {None}
@@ -920,12 +1033,12 @@ def calibrate(gm, batches, show_progress=None):
 
 def value_qparams(seg, ranges):
     """u8 (scale, zero_point) per value of a segment: its own calibrated range,
-    except where the op keeps its input's (max pooling, flatten)."""
+    except where the op keeps its input's (max pooling, flatten, nearest resize)."""
     qp = {}
     producer = {n["output"]: n for n in seg.nodes}
     for v, fx in enumerate(seg.values):
         n = producer.get(v)
-        if n is not None and n["kind"] in ("maxpool2d", "flatten", "channels"):
+        if n is not None and n["kind"] in ("maxpool2d", "flatten", "channels", "resize_nearest"):
             qp[v] = qp[n["inputs"][0]]
             continue
         if fx.name not in ranges:

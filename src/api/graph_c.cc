@@ -45,6 +45,13 @@ qpack::GraphNode make_node(const qpack_graph_node& c, int index) {
     n.affine_scale.assign(c.affine_scale, c.affine_scale + c.channels);
     n.affine_shift.assign(c.affine_shift, c.affine_shift + c.channels);
   }
+  if (c.kind == QPACK_NODE_PRELU) {
+    qpack::check(c.affine_scale != nullptr && c.channels >= 1 && c.channels <= (int64_t(1) << 24),
+                 QPACK_STATUS_INVALID_ARGUMENT, "node ", index,
+                 " (prelu) needs its slopes at affine_scale and their count (1 or the input's channels) "
+                 "in channels, in [1, 2^24]; got ", c.channels);
+    n.affine_scale.assign(c.affine_scale, c.affine_scale + c.channels);
+  }
   return n;
 }
 

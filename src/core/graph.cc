@@ -55,6 +55,9 @@ const char* kind_name(qpack_node_kind k) {
     case QPACK_NODE_MUL: return "mul";
     case QPACK_NODE_CHANNELS: return "channels";
     case QPACK_NODE_ADAPTIVE_AVGPOOL2D: return "adaptive_avgpool2d";
+    case QPACK_NODE_PRELU: return "prelu";
+    case QPACK_NODE_RESIZE_NEAREST: return "resize_nearest";
+    case QPACK_NODE_RESIZE_BILINEAR: return "resize_bilinear";
   }
   return "unknown";
 }
@@ -77,6 +80,7 @@ float activate(qpack_activation act, float lo, float hi, float x) {
     case QPACK_ACT_GELU: return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
     case QPACK_ACT_SILU: return x / (1.0f + std::exp(-x));
     case QPACK_ACT_HARDSIGMOID: return std::min(std::max(x + 3.0f, 0.0f), 6.0f) / 6.0f;
+    case QPACK_ACT_LEAKY_RELU: return x > 0.0f ? x : x * lo;
   }
   return x;
 }
@@ -93,6 +97,13 @@ void activate_range(qpack_activation act, float lo, float hi, const float* x, in
       return;
     case QPACK_ACT_HARDSIGMOID:
       for (int64_t i = 0; i < n; ++i) y[i] = std::min(std::max(x[i] + 3.0f, 0.0f), 6.0f) / 6.0f;
+      return;
+    case QPACK_ACT_LEAKY_RELU:
+      // a select of two values (vectorizes: graph.cc is built with -fno-trapping-math)
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = x[i], m = v * lo;
+        y[i] = v > 0.0f ? v : m;
+      }
       return;
     default:
       for (int64_t i = 0; i < n; ++i) y[i] = activate(act, lo, hi, x[i]);
@@ -147,6 +158,13 @@ inline uint8_t round_u8(float v, float zp) {
   v = std::min(std::max(v, -512.0f), 512.0f);
   v = (v + 12582912.0f) - 12582912.0f + zp;
   return static_cast<uint8_t>(std::min(std::max(v, 0.0f), 255.0f));
+}
+
+// y[i] = round_u8(v[i], zp): the vector quantizer (AVX-512F / AVX2, the same
+// values) for the prefix it does, then the scalar rounding; byte loops of
+// round_u8 stay scalar in GCC's hands (~5 ns per value).
+void store_u8(const float* v, int64_t n, float zp, uint8_t* y) {
+  for (int64_t i = quantize_u8_vector(v, n, 1.0f, zp, y); i < n; ++i) y[i] = round_u8(v[i], zp);
 }
 
 uint8_t* thread_workspace(size_t size) {
@@ -433,6 +451,122 @@ void adaptive_avg_pool(const T* __restrict x, Q q, const Shape& xs, const Shape&
   });
 }
 
+// PyTorch's source coordinates of a resize along one axis (upsample_*2d's CPU
+// kernels, in float as they compute): nearest, floor(dst * scale) clamped;
+// bilinear, the two taps and their weights. `scale_factor` > 0 is the
+// caller's (coordinates by 1 / scale_factor), 0: by in / out.
+struct Taps {
+  std::vector<int64_t> i0, i1;
+  std::vector<float> w0, w1;
+};
+Taps resize_taps(bool bilinear, bool align_corners, int64_t in, int64_t out, float scale_factor) {
+  Taps t;
+  t.i0.resize(static_cast<size_t>(out));
+  t.i1.resize(t.i0.size());
+  t.w0.assign(t.i0.size(), 1.0f);
+  t.w1.assign(t.i0.size(), 0.0f);
+  const float scale = align_corners ? (out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.0f)
+                      : scale_factor > 0 ? static_cast<float>(1.0 / static_cast<double>(scale_factor))
+                                         : static_cast<float>(in) / static_cast<float>(out);
+  for (int64_t d = 0; d < out; ++d) {
+    const size_t k = static_cast<size_t>(d);
+    if (!bilinear) {
+      t.i0[k] = out == in ? d : out == 2 * in ? d >> 1
+                : std::min(static_cast<int64_t>(std::floor(static_cast<float>(d) * scale)), in - 1);
+      t.i1[k] = t.i0[k];
+      continue;
+    }
+    if (out == in) {
+      t.i0[k] = t.i1[k] = d;
+      continue;
+    }
+    const float real = align_corners ? scale * static_cast<float>(d)
+                                     : std::max(scale * (static_cast<float>(d) + 0.5f) - 0.5f, 0.0f);
+    const int64_t i0 = std::min(static_cast<int64_t>(std::floor(real)), in - 1);
+    const float l1 = std::min(std::max(real - static_cast<float>(i0), 0.0f), 1.0f);
+    t.i0[k] = i0;
+    t.i1[k] = i0 + (i0 < in - 1 ? 1 : 0);
+    t.w0[k] = 1.0f - l1;
+    t.w1[k] = l1;
+  }
+  return t;
+}
+
+// NHWC nearest resize: each output pixel copies its source pixel's C values (u8
+// keeps its parameters); an output row with the same source row as the one
+// before it is a copy of that row.
+template <typename T>
+void resize_nearest(const T* __restrict x, const Shape& xs, const Shape& ys, const Taps& th, const Taps& tw,
+                    T* __restrict y) {
+  const int64_t H = xs.d[2], W = xs.d[3], C = xs.d[1], OH = ys.d[2], OW = ys.d[3];
+  parallel_range(ys.d[0] * OH, 1, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t img = r / OH, oh = r % OH;
+      T* __restrict o = y + r * OW * C;
+      if (oh > 0 && r > b && th.i0[oh] == th.i0[oh - 1]) {
+        std::memcpy(o, o - OW * C, static_cast<size_t>(OW * C) * sizeof(T));
+        continue;
+      }
+      const T* row = x + (img * H + th.i0[oh]) * W * C;
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const T* __restrict p = row + tw.i0[ow] * C;
+        for (int64_t c = 0; c < C; ++c) o[ow * C + c] = p[c];
+      }
+    }
+  });
+}
+
+// NHWC bilinear resize in float on (x - zp) * scale, PyTorch's weights
+// (h0 (w0 x00 + w1 x01) + h1 (w0 x10 + w1 x11)): each source row interpolated
+// along W once into a float row (kept while output rows read it), then each
+// output row as one long loop over OW * C (vectorizes for any C); out(v)
+// stores each row: out(h0, a, h1, b, n, y) for y[k] = h0 a[k] + h1 b[k].
+template <typename T, typename Out, typename Store>
+void resize_bilinear(const T* __restrict x, Q q, const Shape& xs, const Shape& ys, const Taps& th, const Taps& tw,
+                     const Store& out, Out* __restrict y) {
+  const int64_t H = xs.d[2], W = xs.d[3], C = xs.d[1], OH = ys.d[2], OW = ys.d[3];
+  const float zp = static_cast<float>(q.zp), s = q.scale;
+  parallel_range(ys.d[0] * OH, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> buffer(static_cast<size_t>(2 * OW * C));
+    float* rows[2] = {buffer.data(), buffer.data() + OW * C};
+    int64_t held[2] = {-1, -1};  // the source row (img * H + h) each buffer holds
+    auto along_w = [&](int64_t src, float* __restrict d) {
+      const T* row = x + src * W * C;
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const T* __restrict p0 = row + tw.i0[ow] * C;
+        const T* __restrict p1 = row + tw.i1[ow] * C;
+        const float w0 = tw.w0[ow], w1 = tw.w1[ow];
+        float* __restrict o = d + ow * C;
+        for (int64_t c = 0; c < C; ++c) {
+          o[c] = w0 * (static_cast<float>(p0[c]) - zp) + w1 * (static_cast<float>(p1[c]) - zp);
+        }
+      }
+    };
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t img = r / OH, oh = r % OH;
+      const int64_t top = img * H + th.i0[oh], bottom = img * H + th.i1[oh];
+      if (held[0] != top) {
+        if (held[1] == top) {
+          std::swap(rows[0], rows[1]);
+          std::swap(held[0], held[1]);
+        } else {
+          along_w(top, rows[0]);
+          held[0] = top;
+        }
+      }
+      if (held[1] != bottom) {
+        along_w(bottom, rows[1]);
+        held[1] = bottom;
+      }
+      const float h0 = th.w0[oh] * s, h1 = th.w1[oh] * s;
+      const float* __restrict a = rows[0];
+      const float* __restrict c = rows[1];
+      Out* __restrict o = y + r * OW * C;
+      out(h0, a, h1, c, OW * C, o);
+    }
+  });
+}
+
 }  // namespace
 
 // ---- construction: types and wiring ----------------------------------------------
@@ -465,14 +599,16 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
   }
   for (size_t i = 0; i < nodes_.size(); ++i) {
     GraphNode& n = nodes_[i];
-    check(n.kind >= QPACK_NODE_CONV2D && n.kind <= QPACK_NODE_ADAPTIVE_AVGPOOL2D,
+    check(n.kind >= QPACK_NODE_CONV2D && n.kind <= kLastNodeKind,
           QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " has an unknown kind ", static_cast<int>(n.kind));
     const char* kind = kind_name(n.kind);
+    const bool resize = n.kind == QPACK_NODE_RESIZE_NEAREST || n.kind == QPACK_NODE_RESIZE_BILINEAR;
     const size_t want = (n.kind == QPACK_NODE_ADD || n.kind == QPACK_NODE_MUL) ? 2
                         : n.kind == QPACK_NODE_CONCAT                       ? n.in.size()
+                        : resize                                            ? std::min<size_t>(n.in.size(), 2)
                                                                             : 1;
     check(!n.in.empty() && n.in.size() == want, QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (",
-          kind, ") takes ", want, " input(s), got ", n.in.size());
+          kind, ") takes ", resize ? "1 or 2" : std::to_string(want), " input(s), got ", n.in.size());
     for (int v : n.in) {
       check_value(v, "node input");
       check(ready[v], QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind, ") reads value ", v,
@@ -522,6 +658,7 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
       case QPACK_NODE_MAXPOOL2D:
       case QPACK_NODE_FLATTEN:
       case QPACK_NODE_CHANNELS:
+      case QPACK_NODE_RESIZE_NEAREST:
         expect_dtypes(x.dtype, x.dtype);
         check(same_qparams(x, y), QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind,
               ") keeps its input's u8 parameters; give value ", n.out, " those of value ", n.in[0]);
@@ -549,9 +686,35 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
             QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
             " (channels) needs parts in [1, 2^24], a part index in [0, parts) and groups in [1, 2^24]");
     }
+    if (resize) {
+      const bool sized = n.kernel[0] >= 1 && n.kernel[0] <= (int64_t(1) << 20) && n.kernel[1] >= 1 &&
+                         n.kernel[1] <= (int64_t(1) << 20);
+      const bool unsized = n.kernel[0] == 0 && n.kernel[1] == 0;
+      auto scale_ok = [](float s) { return s > 0.0f && s <= 65536.0f; };  // false for NaN
+      const bool scaled = scale_ok(n.act_min) && scale_ok(n.act_max);
+      const bool unscaled = n.act_min == 0.0f && n.act_max == 0.0f;
+      check((sized || unsized) && (scaled || unscaled) && (n.in.size() == 2 || sized || scaled),
+            QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind, ") needs an output size in [1, 2^20] "
+            "(kernel_h, kernel_w), scale factors in (0, 65536] (act_min, act_max) or a second input "
+            "to take H and W from; got size (", n.kernel[0], ", ", n.kernel[1], "), scales (", n.act_min,
+            ", ", n.act_max, ")");
+      check(!n.ceil_mode || n.kind == QPACK_NODE_RESIZE_BILINEAR, QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
+            " (", kind, "): align_corners (ceil_mode) is for bilinear resizes only");
+    }
+    if (n.kind == QPACK_NODE_PRELU) {
+      check(!n.affine_scale.empty() && n.affine_scale.size() <= (size_t(1) << 24) && n.affine_shift.empty(),
+            QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (prelu) needs 1 to 2^24 slopes and no shift");
+      for (float a : n.affine_scale) {
+        check(std::isfinite(a), QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (prelu): slopes must be finite");
+      }
+    }
     if (n.kind == QPACK_NODE_ADD || n.kind == QPACK_NODE_ACTIVATION) {
-      check(n.act >= QPACK_ACT_NONE && n.act <= QPACK_ACT_HARDSIGMOID, QPACK_STATUS_INVALID_ARGUMENT,
+      check(n.act >= QPACK_ACT_NONE && n.act <= kLastActivation, QPACK_STATUS_INVALID_ARGUMENT,
             "node ", i, " (", kind, ") has an unknown activation ", static_cast<int>(n.act));
+      if (n.act == QPACK_ACT_LEAKY_RELU) {
+        check(std::isfinite(n.act_min), QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind,
+              "): leaky_relu needs a finite negative slope (act_min), got ", n.act_min);
+      }
       if (n.act == QPACK_ACT_CLAMP) {
         check(!std::isnan(n.act_min) && !std::isnan(n.act_max) && n.act_min < n.act_max,
               QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind,
@@ -747,6 +910,32 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
       need_rank(x.rank >= 2 && x.d[1] == static_cast<int64_t>(n.affine_scale.size()),
                 "an input whose dim 1 has as many channels as the affine");
       return y;
+    case QPACK_NODE_PRELU:
+      need_rank(x.rank >= 2 && (n.affine_scale.size() == 1 || x.d[1] == static_cast<int64_t>(n.affine_scale.size())),
+                "an input whose dim 1 has as many channels as the slopes (or one slope)");
+      return y;
+    case QPACK_NODE_RESIZE_NEAREST:
+    case QPACK_NODE_RESIZE_BILINEAR: {
+      need_rank(x.rank == 4, "a rank-4 [N, C, H, W] input");
+      if (n.in.size() == 2) {
+        const Shape& like = shapes[n.in[1]];
+        check(like.rank == 4, QPACK_STATUS_INVALID_ARGUMENT, kind,
+              " takes H and W from a rank-4 second input, got shape ", shape_str(like));
+        y.d[2] = like.d[2];
+        y.d[3] = like.d[3];
+      } else if (n.kernel[0] > 0) {
+        y.d[2] = n.kernel[0];
+        y.d[3] = n.kernel[1];
+      } else {  // as F.interpolate: floor(in * scale_factor)
+        y.d[2] = static_cast<int64_t>(std::floor(static_cast<double>(x.d[2]) * n.act_min));
+        y.d[3] = static_cast<int64_t>(std::floor(static_cast<double>(x.d[3]) * n.act_max));
+      }
+      check(y.d[2] >= 1 && y.d[3] >= 1 && y.d[2] <= (int64_t(1) << 31) && y.d[3] <= (int64_t(1) << 31) &&
+                ((x.d[2] >= 1 && x.d[3] >= 1) || x.d[0] * x.d[1] == 0),
+            QPACK_STATUS_INVALID_ARGUMENT, kind, " of ", shape_str(x), " to ", y.d[2], " x ", y.d[3],
+            ": input and output H and W must be in [1, 2^31]");
+      return y;
+    }
     default: return y;  // elementwise
   }
 }
@@ -1167,6 +1356,87 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
         }
         at += c2;
       }
+      return;
+    }
+    case QPACK_NODE_RESIZE_NEAREST:
+    case QPACK_NODE_RESIZE_BILINEAR: {
+      const bool bilinear = n.kind == QPACK_NODE_RESIZE_BILINEAR;
+      const Taps th = resize_taps(bilinear, n.ceil_mode, xs.d[2], ys.d[2], n.act_min);
+      const Taps tw = resize_taps(bilinear, n.ceil_mode, xs.d[3], ys.d[3], n.act_max);
+      if (!bilinear && u8) {
+        resize_nearest(x, xs, ys, th, tw, y);
+      } else if (!bilinear) {
+        resize_nearest(xf, xs, ys, th, tw, yf);
+      } else if (u8) {  // (x - zx) sx / sy interpolated, rounded as the other u8 nodes
+        const float zy = static_cast<float>(qy.zp);
+        resize_bilinear(x, Q{qx.scale / qy.scale, qx.zp}, xs, ys, th, tw,
+                        [zy](float h0, const float* a, float h1, const float* b, int64_t n, uint8_t* o) {
+                          thread_local std::vector<float> row;
+                          row.resize(static_cast<size_t>(n));
+                          for (int64_t k = 0; k < n; ++k) row[k] = h0 * a[k] + h1 * b[k];
+                          store_u8(row.data(), n, zy, o);
+                        }, y);
+      } else {
+        resize_bilinear(xf, Q{1.0f, 0}, xs, ys, th, tw,
+                        [](float h0, const float* __restrict a, float h1, const float* __restrict b, int64_t n,
+                           float* __restrict o) {
+                          for (int64_t k = 0; k < n; ++k) o[k] = h0 * a[k] + h1 * b[k];
+                        }, yf);
+      }
+      return;
+    }
+    case QPACK_NODE_PRELU: {
+      int64_t outer, channels, inner;
+      split_channels(xs, &outer, &channels, &inner);
+      // f32: x > 0 ? x : a[c] x; u8: (x - zx) times sx / sy or a[c] sx / sy, rounded as the other u8 nodes
+      std::vector<float> a(static_cast<size_t>(channels));
+      for (size_t c = 0; c < a.size(); ++c) {
+        a[c] = n.affine_scale[n.affine_scale.size() == 1 ? 0 : c] * (u8 ? qx.scale / qy.scale : 1.0f);
+      }
+      const float pos = u8 ? qx.scale / qy.scale : 1.0f;
+      const float zx = static_cast<float>(qx.zp), zy = static_cast<float>(qy.zp);
+      parallel_range(outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(channels * inner, 1)),
+                     [&](int64_t b, int64_t e) {
+        for (int64_t o = b; o < e; ++o) {
+          if (inner == 1) {  // NHWC: a pixel's channels, one vector loop
+            const int64_t base = o * channels;
+            const float* __restrict ap = a.data();
+            if (u8) {  // the pixel's values in float, then the vector quantizer
+              thread_local std::vector<float> row;
+              row.resize(static_cast<size_t>(channels));
+              const uint8_t* __restrict xr = x + base;
+              float* __restrict r = row.data();
+              const float p = pos, z = zx;
+              for (int64_t c = 0; c < channels; ++c) {
+                const float v = static_cast<float>(xr[c]) - z, m = v * ap[c], k = v * p;
+                r[c] = v > 0.0f ? k : m;
+              }
+              store_u8(r, channels, zy, y + base);
+            } else {
+              for (int64_t c = 0; c < channels; ++c) {
+                const float v = xf[base + c], m = v * ap[c];
+                yf[base + c] = v > 0.0f ? v : m;
+              }
+            }
+            continue;
+          }
+          for (int64_t c = 0; c < channels; ++c) {
+            const float ac = a[static_cast<size_t>(c)];
+            const int64_t base = (o * channels + c) * inner;
+            if (u8) {
+              for (int64_t k = base; k < base + inner; ++k) {
+                const float v = static_cast<float>(x[k]) - zx;
+                y[k] = round_u8(v * (v > 0.0f ? pos : ac), zy);
+              }
+            } else {
+              for (int64_t k = base; k < base + inner; ++k) {
+                const float v = xf[k], m = v * ac;
+                yf[k] = v > 0.0f ? v : m;
+              }
+            }
+          }
+        }
+      });
       return;
     }
     case QPACK_NODE_ADAPTIVE_AVGPOOL2D:

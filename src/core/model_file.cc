@@ -226,7 +226,7 @@ std::shared_ptr<Graph> read_graph(ByteReader& r, const std::vector<ModelOp>& ops
   std::vector<GraphNode> nodes(num_nodes);
   for (auto& n : nodes) {
     const uint32_t kind = r.get<uint32_t>();
-    r.expect(kind <= QPACK_NODE_ADAPTIVE_AVGPOOL2D, "node kind");
+    r.expect(kind <= kLastNodeKind, "node kind");
     n.kind = static_cast<qpack_node_kind>(kind);
     n.in = get_ints(8, "node input count");
     r.expect(!n.in.empty(), "node input count");
@@ -249,16 +249,18 @@ std::shared_ptr<Graph> read_graph(ByteReader& r, const std::vector<ModelOp>& ops
     n.keepdim = r.get<uint8_t>() != 0;
     r.get<uint8_t>();
     const uint32_t act = r.get<uint32_t>();
-    r.expect(act <= QPACK_ACT_HARDSIGMOID, "node activation");
+    r.expect(act <= kLastActivation, "node activation");
     n.act = static_cast<qpack_activation>(act);
     n.act_min = r.get<float>();
     n.act_max = r.get<float>();
+    // AFFINE: scale then shift; PRELU: the slopes alone
     n.affine_scale = r.get_vec<float>(kMaxChannels, "affine channel count");
-    const size_t c = n.affine_scale.size();
+    const size_t c = kind == QPACK_NODE_AFFINE ? n.affine_scale.size() : 0;
     r.expect(c <= r.remaining() / sizeof(float), "affine shift");
     n.affine_shift.resize(c);
     if (c > 0) std::memcpy(n.affine_shift.data(), r.take(c * sizeof(float)), c * sizeof(float));
-    r.expect((kind == QPACK_NODE_AFFINE) == (c > 0), "affine channel count");
+    r.expect((kind == QPACK_NODE_AFFINE || kind == QPACK_NODE_PRELU) == !n.affine_scale.empty(),
+             "affine channel count");
   }
   r.expect(r.remaining() == 0, "length");
   // The graph's own validation (types, wiring, parameters) as qpack_graph_create.

@@ -10,6 +10,13 @@ namespace qpack {
 #ifdef QPACK_VEC_X86
 namespace {
 
+int isa_level() {
+  static const int isa = __builtin_cpu_supports("avx512f")                                   ? 2
+                         : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1
+                                                                                             : 0;
+  return isa;
+}
+
 // Cephes expf: n = round(x log2 e), r = x - n ln 2 (in two parts), exp(r)
 // by a degree-5 polynomial, times 2^n.
 constexpr float kExpHi = 88.3762626647949f, kExpLo = -88.3762626647949f;
@@ -17,11 +24,25 @@ constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -
 constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f,
                 kP3 = 4.1665795894e-2f, kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
 
+// erf for GELU, fitted here (Lawson-weighted least squares, float64) and checked in float:
+// |z| <= kErfSplit: erf(z) = z + z P(z^2), relative error 1.5e-8 before rounding;
+// beyond: erfc(|z|) = exp(-z^2 + R(min(|z|, 4))), R(z) = log(erfc(z)) + z^2 within 1.2e-8.
+constexpr float kErfSplit = 0.921875f;
+constexpr float kErfA[6] = {1.283791516e-01f, -3.761250567e-01f, 1.128192716e-01f,
+                            -2.677023140e-02f, 4.998000638e-03f, -6.013393293e-04f};
+constexpr float kErfB[9] = {2.942801203e-04f, -1.130131514e+00f, 3.680046993e-01f,
+                            -1.099252068e-01f, 2.633555198e-02f, -4.730285949e-03f,
+                            5.907160468e-04f, -4.535467375e-05f, 1.602494482e-06f};
+constexpr float kSqrtHalf = 0.70710678118654752f;
+
 #define QPACK_AVX512 __attribute__((target("avx512f")))
 #define QPACK_AVX2 __attribute__((target("avx2,fma")))
 
-QPACK_AVX512 inline __m512 exp512(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpLo)), _mm512_set1_ps(kExpHi));
+// exp; above kExpHi +inf and below kExpLo 0, as std::exp overflows and
+// underflows (sigmoid(-inf) = 0, SiLU(-inf) = -inf * 0 = NaN as PyTorch's);
+// NaN stays NaN (min/max give their second operand for a NaN).
+QPACK_AVX512 inline __m512 exp512(__m512 v) {
+  const __m512 x = _mm512_min_ps(_mm512_set1_ps(kExpHi), _mm512_max_ps(_mm512_set1_ps(kExpLo), v));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
@@ -33,11 +54,34 @@ QPACK_AVX512 inline __m512 exp512(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
+  p = _mm512_scalef_ps(p, n);
+  p = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, _mm512_set1_ps(kExpHi), _CMP_GT_OQ), p,
+                           _mm512_set1_ps(__builtin_inff()));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, _mm512_set1_ps(kExpLo), _CMP_LT_OQ), p, _mm512_setzero_ps());
 }
 
-QPACK_AVX2 inline __m256 exp256(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpLo)), _mm256_set1_ps(kExpHi));
+// GELU(x) = x / 2 (1 + erf(x / sqrt 2)): 1 + erf(z) as 1 + z + z P(z^2) near 0, else
+// 2 - erfc(z) (z > 0) or erfc(-z) itself (z < 0: no cancellation, tiny values keep
+// their relative accuracy).
+QPACK_AVX512 inline __m512 gelu512(__m512 x) {
+  const __m512 z = _mm512_mul_ps(x, _mm512_set1_ps(kSqrtHalf));
+  const __m512 a = _mm512_abs_ps(z);
+  const __m512 s = _mm512_mul_ps(z, z);
+  __m512 p = _mm512_set1_ps(kErfA[5]);
+  for (int k = 4; k >= 0; --k) p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(kErfA[k]));
+  const __m512 near = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(z, p, z));
+  const __m512 t = _mm512_min_ps(a, _mm512_set1_ps(4.0f));
+  __m512 r = _mm512_set1_ps(kErfB[8]);
+  for (int k = 7; k >= 0; --k) r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(kErfB[k]));
+  const __m512 e = exp512(_mm512_fnmadd_ps(a, a, r));
+  __m512 f = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_GT_OQ), e,
+                                  _mm512_sub_ps(_mm512_set1_ps(2.0f), e));
+  f = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(kErfSplit), _CMP_LE_OQ), f, near);
+  return _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.5f)), f);
+}
+
+QPACK_AVX2 inline __m256 exp256(__m256 v) {
+  const __m256 x = _mm256_min_ps(_mm256_set1_ps(kExpHi), _mm256_max_ps(_mm256_set1_ps(kExpLo), v));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
@@ -51,34 +95,72 @@ QPACK_AVX2 inline __m256 exp256(__m256 x) {
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   // 2^n through the exponent bits (n in [-127, 128] after the clamp)
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  p = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  p = _mm256_blendv_ps(p, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(v, _mm256_set1_ps(kExpHi), _CMP_GT_OQ));
+  return _mm256_blendv_ps(p, _mm256_setzero_ps(), _mm256_cmp_ps(v, _mm256_set1_ps(kExpLo), _CMP_LT_OQ));
 }
 
-// sigmoid(x) = 1 / (1 + exp(-x)); SiLU = x sigmoid(x)
-QPACK_AVX512 void run512(bool silu, const float* x, float* y, int64_t n) {
+QPACK_AVX2 inline __m256 gelu256(__m256 x) {
+  const __m256 z = _mm256_mul_ps(x, _mm256_set1_ps(kSqrtHalf));
+  const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), z);
+  const __m256 s = _mm256_mul_ps(z, z);
+  __m256 p = _mm256_set1_ps(kErfA[5]);
+  for (int k = 4; k >= 0; --k) p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(kErfA[k]));
+  const __m256 near = _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(z, p, z));
+  const __m256 t = _mm256_min_ps(a, _mm256_set1_ps(4.0f));
+  __m256 r = _mm256_set1_ps(kErfB[8]);
+  for (int k = 7; k >= 0; --k) r = _mm256_fmadd_ps(r, t, _mm256_set1_ps(kErfB[k]));
+  const __m256 e = exp256(_mm256_fnmadd_ps(a, a, r));
+  __m256 f = _mm256_blendv_ps(e, _mm256_sub_ps(_mm256_set1_ps(2.0f), e),
+                              _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_GT_OQ));
+  f = _mm256_blendv_ps(f, near, _mm256_cmp_ps(a, _mm256_set1_ps(kErfSplit), _CMP_LE_OQ));
+  return _mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(0.5f)), f);
+}
+
+// sigmoid(x) = 1 / (1 + exp(-x)); SiLU = x sigmoid(x); GELU
+template <qpack_activation kAct>
+QPACK_AVX512 void run512(const float* x, float* y, int64_t n) {
   const __m512 one = _mm512_set1_ps(1.0f);
   int64_t i = 0;
   for (; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
     const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    if (kAct == QPACK_ACT_GELU) {
+      _mm512_mask_storeu_ps(y + i, m, gelu512(v));
+      continue;
+    }
     const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), v))));
-    _mm512_mask_storeu_ps(y + i, m, silu ? _mm512_mul_ps(v, s) : s);
+    _mm512_mask_storeu_ps(y + i, m, kAct == QPACK_ACT_SILU ? _mm512_mul_ps(v, s) : s);
   }
 }
 
-QPACK_AVX2 void run256(bool silu, const float* x, float* y, int64_t n) {
+template <qpack_activation kAct>
+QPACK_AVX2 void run256(const float* x, float* y, int64_t n) {
   const __m256 one = _mm256_set1_ps(1.0f);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_loadu_ps(x + i);
+    if (kAct == QPACK_ACT_GELU) {
+      _mm256_storeu_ps(y + i, gelu256(v));
+      continue;
+    }
     const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), v))));
-    _mm256_storeu_ps(y + i, silu ? _mm256_mul_ps(v, s) : s);
+    _mm256_storeu_ps(y + i, kAct == QPACK_ACT_SILU ? _mm256_mul_ps(v, s) : s);
   }
   if (i < n) {  // the tail through a full vector on the stack
     alignas(32) float t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int64_t j = i; j < n; ++j) t[j - i] = x[j];
-    run256(silu, t, t, 8);
+    run256<kAct>(t, t, 8);
     for (int64_t j = i; j < n; ++j) y[j] = t[j - i];
+  }
+}
+
+template <qpack_activation kAct>
+bool run_vector(const float* x, float* y, int64_t n) {
+  switch (isa_level()) {
+    case 2: run512<kAct>(x, y, n); return true;
+    case 1: run256<kAct>(x, y, n); return true;
+    default: return false;
   }
 }
 
@@ -110,13 +192,6 @@ QPACK_AVX2 int64_t quantize256(const float* x, int64_t n, float inv_scale, float
   return i;
 }
 
-int isa_level() {
-  static const int isa = __builtin_cpu_supports("avx512f")                                   ? 2
-                         : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1
-                                                                                             : 0;
-  return isa;
-}
-
 }  // namespace
 
 int64_t quantize_u8_vector(const float* x, int64_t n, float inv_scale, float zero_point, uint8_t* y) {
@@ -128,16 +203,12 @@ int64_t quantize_u8_vector(const float* x, int64_t n, float inv_scale, float zer
 }
 
 bool activate_f32_vector(qpack_activation act, const float* x, float* y, int64_t n) {
-  if (act != QPACK_ACT_SIGMOID && act != QPACK_ACT_SILU) return false;
-  const int isa = isa_level();
-  if (isa == 2) {
-    run512(act == QPACK_ACT_SILU, x, y, n);
-  } else if (isa == 1) {
-    run256(act == QPACK_ACT_SILU, x, y, n);
-  } else {
-    return false;
+  switch (act) {
+    case QPACK_ACT_SIGMOID: return run_vector<QPACK_ACT_SIGMOID>(x, y, n);
+    case QPACK_ACT_SILU: return run_vector<QPACK_ACT_SILU>(x, y, n);
+    case QPACK_ACT_GELU: return run_vector<QPACK_ACT_GELU>(x, y, n);
+    default: return false;
   }
-  return true;
 }
 
 #else

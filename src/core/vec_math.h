@@ -2,8 +2,10 @@
 // with AVX-512F or AVX2+FMA where the CPU has them (chosen at run time; the
 // core is built for the baseline ISA). exp is Cephes' single-precision
 // polynomial on a range reduction by ln 2 (within 2 ulp of std::exp on
-// [-87, 88]); sigmoid and SiLU divide exactly. Elsewhere the callers' scalar
-// loops run.
+// [-87, 88]; +inf above 88.38 and 0 below -88.38, NaN kept); sigmoid and SiLU
+// divide exactly; GELU's erf is a polynomial near 0 and 1 - exp(-z^2 + R(z))
+// beyond (within 1e-7 of std::erf-based values, vec_math.cc). Elsewhere the
+// callers' scalar loops run.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +14,7 @@
 
 namespace qpack {
 
-// y[i] = act(x[i]) for SIGMOID and SILU (x and y may be the same array);
+// y[i] = act(x[i]) for SIGMOID, SILU and GELU (x and y may be the same array);
 // false, and nothing written, for other activations or without the ISA.
 bool activate_f32_vector(qpack_activation act, const float* x, float* y, int64_t n);
 

@@ -322,6 +322,47 @@ static void test_graph(void) {
          "graph: refuses a value read before it is produced");
 }
 
+/* PReLU (two slopes) then a nearest x2 resize, f32 [1, 2, 1, 2] NCHW: exact values;
+ * slopes of the wrong count and a resize to size 0 are refused with a message. */
+static void test_graph_prelu_resize(void) {
+  const float slopes[2] = {0.5f, -2.0f};
+  qpack_graph_value values[3] = {{QPACK_DTYPE_F32, 0, 0}, {QPACK_DTYPE_F32, 0, 0}, {QPACK_DTYPE_F32, 0, 0}};
+  qpack_graph_node nodes[2];
+  memset(nodes, 0, sizeof(nodes));
+  nodes[0].kind = QPACK_NODE_PRELU;
+  nodes[0].num_inputs = 1;
+  nodes[0].output = 1;
+  nodes[0].affine_scale = slopes;
+  nodes[0].channels = 2;
+  nodes[1].kind = QPACK_NODE_RESIZE_NEAREST;
+  nodes[1].inputs[0] = 1;
+  nodes[1].num_inputs = 1;
+  nodes[1].output = 2;
+  nodes[1].act_min = nodes[1].act_max = 2.0f; /* scale factors */
+  int32_t in_v = 0, out_v = 2;
+  qpack_graph_params gp = {3, values, 2, nodes, 1, &in_v, 1, &out_v};
+  qpack_graph* g = NULL;
+  EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_SUCCESS && g != NULL, "prelu/resize: create");
+  float x[4] = {-1.0f, 3.0f, -4.0f, 5.0f}, y[16];
+  qpack_tensor ti = {QPACK_DTYPE_F32, 4, {1, 2, 1, 2}, QPACK_LAYOUT_NCHW, x};
+  qpack_tensor to = {QPACK_DTYPE_F32, 4, {1, 2, 2, 4}, QPACK_LAYOUT_NCHW, y};
+  EXPECT(qpack_graph_run(g, 1, &ti, 1, &to) == QPACK_STATUS_SUCCESS, "prelu/resize: run");
+  const float want[16] = {-0.5f, -0.5f, 3, 3, -0.5f, -0.5f, 3, 3, 8, 8, 5, 5, 8, 8, 5, 5};
+  EXPECT(memcmp(y, want, sizeof(want)) == 0, "prelu/resize: values");
+  qpack_graph_destroy(g);
+
+  nodes[0].channels = 0;
+  g = NULL;
+  EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_INVALID_ARGUMENT && g == NULL &&
+             strstr(qpack_last_error(), "prelu") != NULL,
+         "prelu: refuses 0 slopes");
+  nodes[0].channels = 2;
+  nodes[1].act_min = nodes[1].act_max = 0.0f; /* neither a size nor scale factors */
+  EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_INVALID_ARGUMENT && g == NULL &&
+             strstr(qpack_last_error(), "output size") != NULL,
+         "resize: refuses size 0");
+}
+
 int main(void) {
   char buf[256];
   for (int i = 0; i < qpack_backend_count(); ++i) {
@@ -341,6 +382,7 @@ int main(void) {
   test_retain_policy();
   test_threads();
   test_graph();
+  test_graph_prelu_resize();
   printf("c_api: %d passed, %d failed\n", passes, failures);
   return failures == 0 ? 0 : 1;
 }

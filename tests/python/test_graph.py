@@ -190,7 +190,7 @@ def _act(name, lo, hi, v):
     return {None: lambda: v, "relu": lambda: F.relu(v), "clamp": lambda: torch.clamp(v, lo, hi),
             "hardswish": lambda: F.hardswish(v), "sigmoid": lambda: torch.sigmoid(v),
             "gelu": lambda: F.gelu(v), "silu": lambda: F.silu(v),
-            "hardsigmoid": lambda: F.hardsigmoid(v)}[name]()
+            "hardsigmoid": lambda: F.hardsigmoid(v), "leaky_relu": lambda: F.leaky_relu(v, lo)}[name]()
 
 
 def _layer_act(a, v):
@@ -250,6 +250,14 @@ def per_edge_reference(f, x):
                              count_include_pad=n.get("count_include_pad", True))
         elif k == "adaptive_avgpool2d":
             r = F.adaptive_avg_pool2d(a, n["kernel"])
+        elif k == "prelu":
+            r = F.prelu(a, torch.as_tensor(n["slopes"]))
+        elif k in ("resize_nearest", "resize_bilinear"):
+            how = dict(size=tuple(d(ins[1]).shape[-2:])) if len(ins) == 2 else \
+                dict(size=tuple(n["size"])) if "size" in n else dict(scale_factor=tuple(n["scale"]))
+            if k == "resize_bilinear":
+                how["align_corners"] = n["align_corners"]
+            r = F.interpolate(a, mode=k[len("resize_"):], **how)
         elif k == "global_avgpool":
             r = a.mean(tuple(range(2, a.dim())), keepdim=n.get("keepdim", True))
         elif k == "flatten":

@@ -405,6 +405,17 @@ typedef enum qpack_node_kind {
                                     (P / g) + j / g]; u8 qparams kept */
   QPACK_NODE_ADAPTIVE_AVGPOOL2D = 14, /* [N, C, H, W] -> [N, C, kernel_h, kernel_w]: PyTorch's
                                     adaptive windows [floor(i H / OH), ceil((i + 1) H / OH)) */
+  QPACK_NODE_PRELU = 15,         /* x > 0 ? x : slope[c] x along dim 1 (nn.PReLU): `channels`
+                                    slopes at affine_scale (1: one for every channel), copied */
+  /* Resize of [N, C, H, W] to [N, C, OH, OW] as F.interpolate: OH, OW = kernel_h, kernel_w
+   * (both >= 1), or with both 0 floor(H * act_min), floor(W * act_max) for scale factors
+   * act_min, act_max (> 0), or with a second input the H, W of inputs[1] (its data is not read).
+   * Scale factors also map coordinates as PyTorch's scale_factor does (source = dst / scale);
+   * otherwise (act_min = act_max = 0) by in / out. */
+  QPACK_NODE_RESIZE_NEAREST = 16,  /* source index floor(dst * in / out), clamped to in - 1;
+                                    u8 qparams kept */
+  QPACK_NODE_RESIZE_BILINEAR = 17, /* ceil_mode = align_corners: (dst + 0.5) in / out - 0.5
+                                    (clamped at 0) when 0, dst (in - 1) / (out - 1) when 1 */
 } qpack_node_kind;
 
 typedef enum qpack_activation {
@@ -416,6 +427,7 @@ typedef enum qpack_activation {
   QPACK_ACT_GELU = 5,      /* erf form */
   QPACK_ACT_SILU = 6,
   QPACK_ACT_HARDSIGMOID = 7, /* relu6(x + 3) / 6 */
+  QPACK_ACT_LEAKY_RELU = 8, /* x > 0 ? x : act_min x (act_min: negative_slope, finite) */
 } qpack_activation;
 
 typedef struct qpack_graph_value {
@@ -431,14 +443,14 @@ typedef struct qpack_graph_node {
   int32_t output;         /* value index, produced by this node only */
   const qpack_conv2d* conv;     /* CONV2D */
   const qpack_linear* linear;   /* LINEAR */
-  int64_t kernel_h, kernel_w, stride_h, stride_w;            /* pools; CHANNELS */
+  int64_t kernel_h, kernel_w, stride_h, stride_w;            /* pools; CHANNELS; RESIZE_* */
   int64_t pad_top, pad_left, pad_bottom, pad_right;          /* pools */
-  int ceil_mode;                /* pools */
+  int ceil_mode;                /* pools; RESIZE_BILINEAR: align_corners */
   int count_include_pad;        /* AVGPOOL2D */
   int keepdim;                  /* GLOBAL_AVGPOOL */
   qpack_activation activation;  /* ACTIVATION, ADD */
-  float act_min, act_max;       /* QPACK_ACT_CLAMP */
-  const float* affine_scale;    /* AFFINE: [channels], copied */
+  float act_min, act_max;       /* QPACK_ACT_CLAMP; LEAKY_RELU: act_min; RESIZE_*: scales */
+  const float* affine_scale;    /* AFFINE: [channels], copied; PRELU: the slopes */
   const float* affine_shift;
   int64_t channels;
 } qpack_graph_node;

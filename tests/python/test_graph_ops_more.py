@@ -1,0 +1,411 @@
+"""Frozen graphs over LeakyReLU, PReLU, resizes (F.interpolate / nn.Upsample, nearest and
+bilinear) and GELU: models with them lower to ONE core graph (they used to split it into
+segments with PyTorch between), fp32 within 1e-5 relative of eager, int8 (both backends)
+within two quanta of test_graph.py's per-edge reference; the vectorized GELU against
+PyTorch over a wide range; bad node parameters give clear errors."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the graph tests freeze torch models")
+from torch import nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import qpack  # noqa: E402
+from qpack import _core  # noqa: E402
+from qpack.torch import graph as G  # noqa: E402
+
+from conftest import BACKENDS  # noqa: E402
+from test_graph import rel_err  # noqa: E402
+from test_graph_models import check_int8, plan  # noqa: E402  (one graph, two quanta of the per-edge reference)
+
+
+def kinds(f):
+    return [n["kind"] for n in G.runner_of(f)._spec["nodes"]]
+
+
+def check_fp32(model, x):
+    f = qpack.freeze(model, progress=False)
+    assert plan(f) == "graph", (plan(f), qpack.graph_report(f))
+    with torch.no_grad():
+        y, ref = f(x), model(x)
+        assert y.shape == ref.shape
+        assert rel_err(y, ref) < 1e-5, rel_err(y, ref)
+        if x.dim() == 4:  # a channels_last input (NHWC at the graph's edge) too
+            assert rel_err(f(x.contiguous(memory_format=torch.channels_last)), ref) < 1e-5
+    return f
+
+
+def check_both(model, x, want_kinds):
+    f = check_fp32(model, x)
+    assert set(want_kinds) <= set(kinds(f)), kinds(f)
+    report = qpack.graph_report(f)
+    for k in want_kinds:
+        assert k in report
+    for backend in BACKENDS:
+        f8 = check_int8(model, x, backend)
+        spec = G.runner_of(f8)._spec
+        assert sum(v[0] == "u8" for v in spec["values"]) >= len(spec["values"]) - 2  # u8 between ops
+        assert set(want_kinds) <= set(kinds(f8)), kinds(f8)
+
+
+# ---- models ------------------------------------------------------------------------------
+
+class ConvLeakyConv(nn.Module):
+    def __init__(self, functional=False):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 3, padding=1)
+        self.act = nn.LeakyReLU(0.2)
+        self.functional = functional
+
+    def forward(self, x):
+        y = self.c1(x)
+        y = F.leaky_relu(y, negative_slope=0.1) if self.functional else self.act(y)
+        return self.c2(y)
+
+
+class ConvPReLU(nn.Module):
+    def __init__(self, num_parameters):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 6, 3, padding=1), nn.Conv2d(6, 4, 1)
+        self.act = nn.PReLU(num_parameters)
+        with torch.no_grad():
+            self.act.weight.copy_(torch.linspace(-0.5, 0.7, num_parameters))
+
+    def forward(self, x):
+        return self.c2(self.act(self.c1(x)))
+
+
+class TopDown(nn.Module):
+    """An FPN's top-down path: lateral 1x1s, nearest x2 upsample of the coarser level + add, 3x3 out."""
+
+    def __init__(self, spelling="scale"):
+        super().__init__()
+        self.c3, self.c4, self.c5 = nn.Conv2d(3, 8, 3, 2, 1), nn.Conv2d(8, 16, 3, 2, 1), nn.Conv2d(16, 32, 3, 2, 1)
+        self.l3, self.l4, self.l5 = nn.Conv2d(8, 8, 1), nn.Conv2d(16, 8, 1), nn.Conv2d(32, 8, 1)
+        self.out3, self.out4 = nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.spelling = spelling
+
+    def upsample(self, top, lateral):
+        if self.spelling == "module":
+            return self.up(top)
+        if self.spelling == "like":  # torchvision's FPN
+            return F.interpolate(top, size=lateral.shape[-2:], mode="nearest")
+        return F.interpolate(top, scale_factor=2.0, mode="nearest")
+
+    def forward(self, x):
+        c3 = self.c3(x)
+        c4 = self.c4(c3)
+        c5 = self.c5(c4)
+        p5 = self.l5(c5)
+        p4 = self.l4(c4) + self.upsample(p5, c4)
+        p3 = self.l3(c3) + self.upsample(p4, c3)
+        return self.out3(p3), self.out4(p4)
+
+
+class BilinearHead(nn.Module):
+    """A segmentation head: conv, ReLU, 1x1 to classes, bilinear back to the input size."""
+
+    def __init__(self, align_corners, how="size"):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.ReLU(), nn.Conv2d(8, 8, 3, 2, 1), nn.ReLU())
+        self.cls = nn.Conv2d(8, 5, 1)
+        self.align_corners, self.how = align_corners, how
+        self.up = nn.UpsamplingBilinear2d(scale_factor=4)
+
+    def forward(self, x):
+        y = self.cls(self.body(x))
+        if self.how == "module":  # UpsamplingBilinear2d: align_corners=True
+            return self.up(y)
+        if self.how == "scale":
+            return F.interpolate(y, scale_factor=(4.0, 2.5), mode="bilinear", align_corners=self.align_corners)
+        return F.interpolate(y, size=(23, 17), mode="bilinear", align_corners=self.align_corners)
+
+
+class GeluMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(16, 64), nn.Linear(64, 32), nn.Linear(32, 8)
+        self.act = nn.GELU()
+
+    def forward(self, x):
+        return self.fc3(F.gelu(self.fc2(self.act(self.fc1(x)))))
+
+
+# ---- one graph, fp32 and int8 ----------------------------------------------------------------
+
+@pytest.mark.parametrize("functional", [False, True])
+def test_conv_leaky_relu_conv_is_one_graph(functional):
+    check_both(ConvLeakyConv(functional).eval(), torch.randn(2, 3, 11, 9), ["activation"])
+    f = qpack.freeze(ConvLeakyConv(functional).eval(), progress=False)
+    assert "+leaky_relu" in qpack.graph_report(f)
+
+
+@pytest.mark.parametrize("num_parameters", [1, 6])
+def test_prelu_with_one_or_c_slopes_is_one_graph(num_parameters):
+    check_both(ConvPReLU(num_parameters).eval(), torch.randn(2, 3, 10, 7), ["prelu"])
+
+
+@pytest.mark.parametrize("spelling", ["scale", "module", "like"])
+def test_fpn_top_down_nearest_upsample_is_one_graph(spelling):
+    torch.manual_seed(0)
+    model = TopDown(spelling).eval()
+    x = torch.randn(2, 3, 32, 24)
+    f = qpack.freeze(model, progress=False)
+    assert plan(f) == "graph", qpack.graph_report(f)
+    assert kinds(f).count("resize_nearest") == 2
+    with torch.no_grad():
+        for y, ref in zip(f(x), model(x)):
+            assert rel_err(y, ref) < 1e-5
+    for backend in BACKENDS:
+        calib = [torch.randn_like(x) for _ in range(3)] + [x]
+        f8 = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False)
+        assert plan(f8) == "graph", qpack.graph_report(f8)
+        spec = G.runner_of(f8)._spec
+        vals = spec["values"]
+        for n in spec["nodes"]:  # a nearest resize keeps its input's qparams
+            if n["kind"] == "resize_nearest":
+                assert vals[n["output"]] == vals[n["inputs"][0]]
+        with torch.no_grad():
+            outs, refs = f8(x), model(x)
+            for y, ref in zip(outs, refs):
+                assert rel_err(y, ref) < 0.06, rel_err(y, ref)
+
+
+def test_fpn_with_odd_sizes_takes_the_laterals_h_w():
+    """size=lateral.shape[-2:] where x2 would not match (odd input): the lateral's H, W."""
+    model = TopDown("like").eval()
+    x = torch.randn(1, 3, 27, 21)
+    f = qpack.freeze(model, progress=False)
+    assert plan(f) == "graph"
+    with torch.no_grad():
+        for y, ref in zip(f(x), model(x)):
+            assert y.shape == ref.shape and rel_err(y, ref) < 1e-5
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("how", ["size", "scale"])
+def test_bilinear_head_is_one_graph(align_corners, how):
+    torch.manual_seed(1)
+    check_both(BilinearHead(align_corners, how).eval(), torch.randn(2, 3, 20, 16), ["resize_bilinear"])
+
+
+def test_upsampling_bilinear2d_module_is_one_graph():
+    torch.manual_seed(2)
+    check_both(BilinearHead(True, "module").eval(), torch.randn(1, 3, 16, 12), ["resize_bilinear"])
+
+
+def test_gelu_mlp_is_one_graph():
+    torch.manual_seed(4)
+    model = GeluMLP().eval()
+    x = torch.randn(8, 16)
+    f = check_fp32(model, x)
+    assert kinds(f).count("activation") == 2
+    for backend in BACKENDS:
+        check_int8(model, x, backend)
+
+
+# ---- every size, scale and corner rule against F.interpolate ---------------------------------
+
+def _resize_graph(kind, dtype, qp=(0.0, 0), qp_out=None, **params):
+    qp_out = qp_out or qp
+    node = dict(kind=kind, inputs=[0], output=1, **params)
+    return _core.GraphHandle([(dtype,) + tuple(qp), (dtype,) + tuple(qp_out)], [node], [0], [1])
+
+
+SIZES = [(5, 7), (4, 4), (2, 3), (13, 9), (1, 1)]
+HOWS = [dict(scale_factor=2.0), dict(scale_factor=1.5), dict(scale_factor=(0.5, 3.0)), dict(size=(7, 11)),
+        dict(size=(3, 2)), dict(size=(1, 1)), dict(size=(26, 18))]
+
+
+@pytest.mark.parametrize("hw", SIZES)
+@pytest.mark.parametrize("mode,align", [("nearest", None), ("bilinear", False), ("bilinear", True)])
+def test_resize_f32_matches_interpolate(hw, mode, align):
+    torch.manual_seed(5)
+    x = torch.randn(2, 3, *hw)
+    for how in HOWS:
+        if "scale_factor" in how and min(int(h * s) for h, s in zip(hw, np.broadcast_to(how["scale_factor"], 2))) < 1:
+            continue
+        ref = F.interpolate(x, mode=mode, **how, **({} if align is None else {"align_corners": align}))
+        params = dict(size=how["size"]) if "size" in how else dict(scale=tuple(np.broadcast_to(how["scale_factor"], 2)))
+        if align is not None:
+            params["align_corners"] = align
+        g = _resize_graph("resize_" + mode, "f32", **params)
+        y = torch.from_numpy(g.run([x.numpy()], ["nchw"], "nchw")[0])
+        assert y.shape == ref.shape, (how, y.shape, ref.shape)
+        assert torch.allclose(y, ref, rtol=1e-5, atol=1e-6), (how, float((y - ref).abs().max()))
+
+
+@pytest.mark.parametrize("mode,align", [("nearest", None), ("bilinear", False), ("bilinear", True)])
+def test_resize_u8_within_one_quantum(mode, align):
+    torch.manual_seed(6)
+    s_in, z_in = 0.05, 120
+    s_out, z_out = (s_in, z_in) if mode == "nearest" else (0.04, 110)
+    q = torch.randint(0, 256, (2, 5, 6, 9)).to(torch.uint8)
+    real = (q.float() - z_in) * s_in
+    for how in HOWS[:5]:
+        extra = {} if align is None else {"align_corners": align}
+        ref = torch.clamp(torch.round(F.interpolate(real, mode=mode, **how, **extra) / s_out) + z_out, 0, 255)
+        params = dict(size=how["size"]) if "size" in how else dict(scale=tuple(np.broadcast_to(how["scale_factor"], 2)))
+        params.update(extra)
+        g = _resize_graph("resize_" + mode, "u8", (s_in, z_in), (s_out, z_out), **params)
+        y = torch.from_numpy(g.run([q.numpy()], ["nchw"], "nchw")[0]).float()
+        diff = float((y - ref).abs().max())
+        assert diff <= (0 if mode == "nearest" else 1), (how, diff)
+
+
+def test_prelu_and_leaky_relu_u8_within_one_quantum():
+    torch.manual_seed(7)
+    q = torch.randint(0, 256, (2, 4, 5, 3)).to(torch.uint8)
+    s_in, z_in, s_out, z_out = 0.03, 100, 0.02, 60
+    real = (q.float() - z_in) * s_in
+    slopes = np.array([0.1, -0.3, 0.5, 2.0], np.float32)
+    for node, fn in [(dict(kind="prelu", slopes=slopes), lambda v: F.prelu(v, torch.from_numpy(slopes))),
+                     (dict(kind="activation", activation="leaky_relu", act_min=0.15),
+                      lambda v: F.leaky_relu(v, 0.15))]:
+        g = _core.GraphHandle([("u8", s_in, z_in), ("u8", s_out, z_out)], [dict(inputs=[0], output=1, **node)],
+                              [0], [1])
+        y = torch.from_numpy(g.run([q.numpy()], ["nchw"], "nchw")[0]).float()
+        ref = torch.clamp(torch.round(fn(real) / s_out) + z_out, 0, 255)
+        assert float((y - ref).abs().max()) <= 1, node["kind"]
+
+
+def test_prelu_f32_rank_2_and_3():
+    torch.manual_seed(8)
+    slopes = np.random.RandomState(0).randn(6).astype(np.float32)
+    for shape in [(4, 6), (2, 6, 9)]:
+        x = torch.randn(shape)
+        g = _core.GraphHandle([("f32", 0, 0)] * 2, [dict(kind="prelu", inputs=[0], output=1, slopes=slopes)], [0], [1])
+        y = torch.from_numpy(g.run([x.numpy()], ["nchw"])[0])
+        assert torch.equal(y, F.prelu(x, torch.from_numpy(slopes)))
+
+
+# ---- GELU and SiLU vector paths ------------------------------------------------------------
+
+def _act_graph(name):
+    return _core.GraphHandle([("f32", 0, 0)] * 2, [dict(kind="activation", inputs=[0], output=1, activation=name)],
+                             [0], [1])
+
+
+@pytest.mark.parametrize("n", [1, 7, 16, 33, 100003])
+def test_vector_gelu_matches_pytorch(n):
+    """Within 1e-6 of PyTorch's GELU in float64 (and within 1e-6 of its float32 GELU where
+    that is itself within 1e-6 of the float64 one: its erf errs by up to ~1.05e-6 around
+    |x| = 3.5), over [-60, 60], tails of every length, signed zeros and huge values."""
+    x = torch.linspace(-60, 60, n) if n > 1 else torch.tensor([-3.5])
+    x = torch.cat([x, torch.tensor([0.0, -0.0, 1e30, -1e30, 3.4e38, -3.4e38, 1e-30, -1e-30])])
+    y = torch.from_numpy(_act_graph("gelu").run([x.numpy()], ["nchw"])[0])
+    exact = F.gelu(x.double())
+    assert float((y.double() - exact).abs().max()) <= 1e-6
+    tol = 1e-6 + (F.gelu(x).double() - exact).abs()
+    assert bool(((y.double() - F.gelu(x).double()).abs() <= tol).all())
+    # relative accuracy where GELU is not tiny (in the negative tail x / sqrt 2 rounded to
+    # float carries into exp(-z^2): ~1e-6 there, as in any float32 GELU)
+    big = exact.abs() > 1e-3
+    assert float(((y.double() - exact).abs() / exact.abs())[big].max()) < 2e-6
+    assert torch.equal(torch.signbit(y[-8:]), torch.signbit(F.gelu(x[-8:])))
+
+
+def test_vector_activations_at_infinities_and_nan():
+    x = torch.tensor([float("-inf"), float("inf"), float("nan"), -100.0, 100.0] * 5)
+    for name, fn in [("silu", F.silu), ("sigmoid", torch.sigmoid), ("gelu", None)]:
+        y = torch.from_numpy(_act_graph(name).run([x.numpy()], ["nchw"])[0])
+        ref = fn(x) if fn is not None else F.gelu(x.double()).float()  # float64: GELU(+inf) = inf
+        assert torch.equal(torch.isnan(y), torch.isnan(ref)), (name, y, ref)
+        ok = ~torch.isnan(ref)
+        assert torch.allclose(y[ok], ref[ok], rtol=1e-6, atol=1e-30), (name, y, ref)
+    silu = torch.from_numpy(_act_graph("silu").run([x.numpy()], ["nchw"])[0])
+    assert bool(torch.isnan(silu[0]))  # SiLU(-inf) is NaN, as PyTorch's
+
+
+# ---- bad parameters ------------------------------------------------------------------------
+
+F32 = [("f32", 0, 0), ("f32", 0, 0)]
+BAD = [
+    (dict(kind="resize_nearest", size=(0, 0)), "output size"),
+    (dict(kind="resize_nearest", size=(4, 0)), "output size"),
+    (dict(kind="resize_bilinear", scale=(-1.0, 2.0)), "scale factors"),
+    (dict(kind="resize_bilinear", scale=(float("nan"), 2.0)), "scale factors"),
+    (dict(kind="resize_nearest", size=(4, 4), align_corners=True), "bilinear resizes only"),
+    (dict(kind="prelu", slopes=np.array([np.inf], np.float32)), "finite"),
+    (dict(kind="activation", activation="leaky_relu", act_min=float("nan")), "negative slope"),
+]
+
+
+@pytest.mark.parametrize("node,fragment", BAD, ids=[f"{b[0]['kind']}-{i}" for i, b in enumerate(BAD)])
+def test_bad_parameters_give_clear_errors(node, fragment):
+    with pytest.raises(qpack.InvalidArgumentError, match=fragment):
+        _core.GraphHandle(F32, [dict(inputs=[0], output=1, **node)], [0], [1])
+
+
+def test_bad_shapes_give_clear_errors_and_leave_the_graph_usable():
+    g = _core.GraphHandle(F32, [dict(kind="prelu", inputs=[0], output=1, slopes=np.ones(3, np.float32))], [0], [1])
+    with pytest.raises(qpack.InvalidArgumentError, match="as many channels as the slopes"):
+        g.run([np.ones((1, 4, 2, 2), np.float32)], ["nchw"])
+    np.testing.assert_array_equal(g.run([-np.ones((1, 3, 2, 2), np.float32)], ["nchw"])[0],
+                                  -np.ones((1, 2, 2, 3), np.float32))
+    r = _resize_graph("resize_nearest", "f32", scale=(0.25, 0.25))
+    with pytest.raises(qpack.InvalidArgumentError, match="resize_nearest of .* to 0 x 0"):
+        r.run([np.ones((1, 1, 3, 3), np.float32)], ["nchw"])
+    assert r.run([np.ones((1, 1, 4, 8), np.float32)], ["nchw"])[0].shape == (1, 1, 2, 1)
+    with pytest.raises(qpack.InvalidArgumentError, match="rank-4"):
+        r.run([np.ones((2, 3), np.float32)], ["nchw"])
+    with pytest.raises(qpack.InvalidArgumentError, match="prelu slopes"):
+        _core.GraphHandle(F32, [dict(kind="prelu", inputs=[0], output=1, slopes=np.ones(0, np.float32))], [0], [1])
+    with pytest.raises(qpack.InvalidArgumentError, match="1 or 2 input"):
+        _core.GraphHandle([("f32", 0, 0)] * 4, [dict(kind="resize_nearest", inputs=[0, 1, 2], output=3,
+                                                    size=(2, 2))], [0, 1, 2], [3])
+
+
+def test_u8_nearest_resize_must_keep_its_qparams():
+    with pytest.raises(qpack.InvalidArgumentError, match="keeps its input's u8 parameters"):
+        _core.GraphHandle([("u8", 0.1, 3), ("u8", 0.2, 3)],
+                          [dict(kind="resize_nearest", inputs=[0], output=1, size=(4, 4))], [0], [1])
+
+
+def test_unsupported_interpolations_stay_in_pytorch():
+    class Bicubic(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(3, 4, 1), nn.Conv2d(4, 4, 1)
+
+        def forward(self, x):
+            return self.c2(F.interpolate(self.c1(x), scale_factor=2, mode="bicubic", align_corners=False))
+
+    model = Bicubic().eval()
+    x = torch.randn(1, 3, 5, 6)
+    f = qpack.freeze(model, progress=False)
+    assert plan(f) != "graph"
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-5
+
+
+def test_build_info_lists_the_new_node_kinds():
+    nodes = qpack.build_info()["graph_nodes"]
+    for k in ("prelu", "resize_nearest", "resize_bilinear"):
+        assert k in nodes
+
+
+@pytest.mark.parametrize("make,kind", [(lambda: TopDown("like"), "resize_nearest"), (lambda: ConvPReLU(6), "prelu"),
+                                       (lambda: BilinearHead(True), "resize_bilinear")])
+def test_saved_models_with_the_new_nodes_reload(tmp_path, make, kind):
+    torch.manual_seed(9)
+    model = make().eval()
+    f = qpack.freeze(model, progress=False)
+    x = torch.randn(1, 3, 16, 16)
+    path = tmp_path / "m.qpk"
+    qpack.save(f, str(path))
+    g = qpack.load(str(path))
+    with torch.no_grad():
+        for a, b in zip(_tuple(g(x)), _tuple(f(x))):
+            assert torch.equal(a, b)
+    from qpack import _file
+    desc = _file.describe(str(path))  # the Python reader of the format knows the new kinds
+    assert not desc["problems"], desc["problems"]
+    assert kind in [n["kind"] for gr in desc["graphs"] for n in gr["nodes"]]
+    # the C loader reads the graphs and validates them as qpack_graph_create does
+    assert _core.ModelHandle(str(path)).info["num_graphs"] == 1
+
+
+def _tuple(y):
+    return y if isinstance(y, tuple) else (y,)
