@@ -479,7 +479,9 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
       convolutions are quantized only when calibrated (there is no dynamic
       int8 convolution) and stay fp32 otherwise.
     - ``backend``: "auto", "onednn" or "qnnpack", for the int8 layers
-      (fp32 layers always run on oneDNN).
+      (fp32 layers always run on oneDNN). "auto" is the build's preference:
+      oneDNN on x86-64 (QNNPACK for a torch.ao layer whose weights have zero
+      points), QNNPACK elsewhere (``qpack.backends()`` lists them in order).
     - ``retain``: keep (True) or release (False) the original weights beside
       the packed ones; None: ``qpack.retain(...)`` then the process default.
       Saving and ``unfreeze`` work either way.

@@ -1,5 +1,6 @@
 #include "core/op.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -162,7 +163,13 @@ void parse_op_spec(const OpParams& p, OpKind op, const void* weight, int64_t wei
             p.mode == QPACK_MODE_INT8_DYNAMIC,
         QPACK_STATUS_INVALID_ARGUMENT, "unknown mode ", static_cast<int>(p.mode));
   s->mode = p.mode;
-  s->backend = resolve_backend(p.backend, op, p.mode);
+  bool asymmetric = false;  // an int8 weight with zero points: AUTO needs a backend that takes them
+  if (p.mode != QPACK_MODE_F32 && p.weight_zero_points != nullptr) {
+    for (int64_t i = 0; i < std::max<int64_t>(p.num_weight_scales, 0); ++i) {
+      asymmetric = asymmetric || p.weight_zero_points[i] != 0;
+    }
+  }
+  s->backend = resolve_backend(p.backend, op, p.mode, asymmetric);
   if (!s->int8() && weight != nullptr) {
     const float* w = static_cast<const float*>(weight);
     for (int64_t i = 0; i < weight_count; ++i) {

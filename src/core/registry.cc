@@ -49,13 +49,17 @@ unsigned op_modes(const Backend& b, OpKind op) {
   return 0;
 }
 
-qpack_backend resolve_backend(qpack_backend requested, OpKind op, qpack_mode mode) {
+qpack_backend resolve_backend(qpack_backend requested, OpKind op, qpack_mode mode,
+                              bool asymmetric_weights) {
   if (requested == QPACK_BACKEND_AUTO) {
     for (const auto& b : backends()) {
-      if (supports(b, op, mode) && b.available()) return b.id;
+      if (supports(b, op, mode) && b.available() &&
+          (!asymmetric_weights || b.ops.asymmetric_weights)) {
+        return b.id;
+      }
     }
     fail(QPACK_STATUS_UNSUPPORTED, "no backend of this build can run a ", mode_name(mode), " ",
-         op_name(op), " on this CPU");
+         op_name(op), asymmetric_weights ? " with weight zero points" : "", " on this CPU");
   }
   const Backend& b = backend(requested);
   if (!b.compiled()) {

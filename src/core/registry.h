@@ -69,9 +69,11 @@ const std::vector<Backend>& backends();
 const Backend& backend(qpack_backend id);
 // Modes of `op` on b, as a bit set (1 << qpack_mode).
 unsigned op_modes(const Backend& b, OpKind op);
-// AUTO: the first available backend with (op, mode); otherwise the requested
-// one, which must be compiled in and support (op, mode). Throws UNSUPPORTED
-// with the backends that would do.
-qpack_backend resolve_backend(qpack_backend requested, OpKind op, qpack_mode mode);
+// AUTO: the first available backend with (op, mode), and one that takes
+// asymmetric weights when the int8 weight has zero points; otherwise the
+// requested one, which must be compiled in and support (op, mode). Throws
+// UNSUPPORTED with the backends that would do.
+qpack_backend resolve_backend(qpack_backend requested, OpKind op, qpack_mode mode,
+                              bool asymmetric_weights = false);
 
 }  // namespace qpack

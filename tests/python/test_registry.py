@@ -10,7 +10,7 @@ from qpack import _core
 def test_backends_come_from_the_registry():
     b = qpack.backends()
     assert list(b) == [info["name"] for info in _core.backend_infos()]
-    assert list(b) == ["qnnpack", "onednn"]  # AUTO's preference order
+    assert list(b) == ["onednn", "qnnpack"]  # AUTO's preference order on x86-64
     assert b["onednn"]["linear"] == ["f32", "int8_static", "int8_dynamic"]
     assert b["onednn"]["conv2d"] == ["f32", "int8_static"]
     assert b["qnnpack"]["linear"] == ["int8_static", "int8_dynamic"]
@@ -23,16 +23,29 @@ def test_backends_come_from_the_registry():
 
 
 def test_auto_follows_the_registry(backend):
+    """AUTO on x86-64: oneDNN for fp32 and int8; QNNPACK for int8 weights with zero points,
+    which oneDNN does not take."""
     w8 = np.ones((4, 3), np.int8)
     assert qpack.PackedLinear(np.ones((4, 3), np.float32)).backend == "onednn"
-    assert qpack.PackedLinear(w8, weight_scale=0.1, dynamic=True).backend == "qnnpack"
+    assert qpack.PackedLinear(w8, weight_scale=0.1, dynamic=True).backend == "onednn"
+    torch = pytest.importorskip("torch")
+    w = torch.randn(4, 3)
+    asym = torch.quantize_per_tensor(w, 0.1, 3, torch.qint8)
+    assert qpack.PackedLinear(asym, dynamic=True).backend == "qnnpack"
+    per_channel = torch.quantize_per_channel(w, torch.full((4,), 0.1, dtype=torch.double),
+                                             torch.tensor([0, 0, 1, 0]), 0, torch.qint8)
+    assert qpack.PackedLinear(per_channel, output_scale=0.1, output_zero_point=0).backend == "qnnpack"
+    sym = torch.quantize_per_tensor(w, 0.1, 0, torch.qint8)
+    assert qpack.PackedLinear(sym, dynamic=True).backend == "onednn"
     conv = qpack.PackedConv2d(np.ones((4, 3, 1, 1), np.float32))
     assert conv.backend == "onednn"
+    q = qpack.PackedConv2d(np.ones((4, 3, 1, 1), np.int8), weight_scale=0.1, output_scale=0.1, output_zero_point=0)
+    assert q.backend == "onednn"
 
 
 @pytest.mark.parametrize("make,exc,fragment", [
     (lambda: qpack.PackedLinear(np.ones((2, 3), np.float32), backend="tpu"),
-     qpack.InvalidArgumentError, "unknown backend 'tpu'; use one of 'auto', 'qnnpack', 'onednn'"),
+     qpack.InvalidArgumentError, "unknown backend 'tpu'; use one of 'auto', 'onednn', 'qnnpack'"),
     (lambda: qpack.PackedConv2d(np.ones((2, 3, 1, 1), np.float32), backend="qnnpack"),
      qpack.UnsupportedError, "QNNPACK has no float32 convolution; use backend='onednn'"),
     (lambda: qpack.PackedConv2d(np.ones((2, 3, 1, 1), np.int8), weight_scale=0.1, output_scale=0.1,

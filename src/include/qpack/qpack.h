@@ -147,7 +147,8 @@ typedef struct qpack_backend_info {
 } qpack_backend_info;
 
 /* Backends qpack knows, in the order AUTO prefers them (the first available
- * one that supports the op and mode). */
+ * one that supports the op and mode, and takes the weight's zero points if it
+ * has any): on x86-64 oneDNN then QNNPACK, elsewhere QNNPACK then oneDNN. */
 QPACK_API int qpack_backend_count(void);
 /* index in [0, qpack_backend_count()). */
 QPACK_API qpack_status qpack_backend_get_info(int index, qpack_backend_info* info_out);
@@ -175,7 +176,8 @@ typedef struct qpack_linear_params {
   int64_t in_features;          /* K >= 1 */
   int64_t out_features;         /* N >= 1 */
   qpack_mode mode;
-  qpack_backend backend;        /* AUTO: oneDNN for f32, QNNPACK for int8 */
+  qpack_backend backend;        /* AUTO: oneDNN for f32; int8 on x86-64 oneDNN (QNNPACK for
+                                   weights with zero points), elsewhere QNNPACK */
   int retain;                   /* qpack_retain */
   const void* weight;           /* [N, K]: float (F32) or int8_t (INT8_*) */
   const float* weight_scales;   /* INT8_*: 1 (per-tensor) or N (per-channel) */
@@ -273,7 +275,8 @@ typedef struct qpack_conv2d_params {
   int64_t pad_top, pad_left, pad_bottom, pad_right; /* >= 0 */
   int64_t dilation_h, dilation_w; /* >= 1 */
   qpack_mode mode;              /* F32 or INT8_STATIC */
-  qpack_backend backend;        /* AUTO: oneDNN for f32, QNNPACK for int8 */
+  qpack_backend backend;        /* AUTO: oneDNN for f32; int8 on x86-64 oneDNN (QNNPACK for
+                                   weights with zero points), elsewhere QNNPACK */
   int retain;                   /* qpack_retain */
   const void* weight;           /* float (F32) or int8_t (INT8_STATIC), layout above */
   const float* weight_scales;   /* INT8: 1 (per-tensor) or out_channels */
