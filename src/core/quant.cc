@@ -174,6 +174,7 @@ void add_u8(const uint8_t* x0, QParams q0, const uint8_t* x1, QParams q1, int64_
   const float c = static_cast<float>(qy.zero_point) - a * static_cast<float>(q0.zero_point) -
                   b * static_cast<float>(q1.zero_point);
   parallel_chunks(n, kParallelGrain, num_threads(), [&](int, int64_t begin, int64_t end) {
+    begin += affine2_u8_vector(x0 + begin, x1 + begin, end - begin, a, b, c, lo, hi, y + begin);
     affine2_range(x0 + begin, x1 + begin, end - begin, a, b, c, lo, hi, y + begin);
   });
 }

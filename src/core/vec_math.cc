@@ -177,6 +177,24 @@ QPACK_AVX512 void quantize512(const float* x, int64_t n, float inv_scale, float 
   }
 }
 
+// y = clamp(round_half_even(a x0 + b x1 + c), lo, hi): a u8 add requantized
+// (quant.cc's affine2_range, the same rounding; the scalar loop may contract
+// differently into FMAs: within one quantum). 16 values per step.
+QPACK_AVX512 int64_t affine2_512(const uint8_t* x0, const uint8_t* x1, int64_t n, float a, float b,
+                                 float c, uint8_t lo, uint8_t hi, uint8_t* y) {
+  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vc = _mm512_set1_ps(c);
+  const __m512i vlo = _mm512_set1_epi32(lo), vhi = _mm512_set1_epi32(hi);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x0 + i))));
+    const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x1 + i))));
+    const __m512 v = _mm512_fmadd_ps(f0, va, _mm512_fmadd_ps(f1, vb, vc));
+    const __m512i q = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(v), vlo), vhi);  // half to even
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm512_cvtepi32_epi8(q));
+  }
+  return i;
+}
+
 QPACK_AVX2 int64_t quantize256(const float* x, int64_t n, float inv_scale, float zero_point, uint8_t* y) {
   const __m256 inv = _mm256_set1_ps(inv_scale), zp = _mm256_set1_ps(zero_point);
   const __m256 lo = _mm256_setzero_ps(), hi = _mm256_set1_ps(255.0f);
@@ -202,6 +220,11 @@ int64_t quantize_u8_vector(const float* x, int64_t n, float inv_scale, float zer
   }
 }
 
+int64_t affine2_u8_vector(const uint8_t* x0, const uint8_t* x1, int64_t n, float a, float b, float c,
+                          uint8_t lo, uint8_t hi, uint8_t* y) {
+  return isa_level() == 2 ? affine2_512(x0, x1, n, a, b, c, lo, hi, y) : 0;
+}
+
 bool activate_f32_vector(qpack_activation act, const float* x, float* y, int64_t n) {
   switch (act) {
     case QPACK_ACT_SIGMOID: return run_vector<QPACK_ACT_SIGMOID>(x, y, n);
@@ -215,6 +238,10 @@ bool activate_f32_vector(qpack_activation act, const float* x, float* y, int64_t
 
 bool activate_f32_vector(qpack_activation, const float*, float*, int64_t) { return false; }
 int64_t quantize_u8_vector(const float*, int64_t, float, float, uint8_t*) { return 0; }
+int64_t affine2_u8_vector(const uint8_t*, const uint8_t*, int64_t, float, float, float, uint8_t,
+                          uint8_t, uint8_t*) {
+  return 0;
+}
 
 #endif
 

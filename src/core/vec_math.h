@@ -24,4 +24,10 @@ bool activate_f32_vector(qpack_activation act, const float* x, float* y, int64_t
 // whole vectors of 8 with AVX2, 0 without either); the caller does the rest.
 int64_t quantize_u8_vector(const float* x, int64_t n, float inv_scale, float zero_point, uint8_t* y);
 
+// y[i] = clamp(round_half_even(a x0[i] + b x1[i] + c), lo, hi) (a u8 add
+// requantized) for a prefix of the n values: returns its length (whole
+// vectors of 16 with AVX-512F, 0 without); the caller does the rest.
+int64_t affine2_u8_vector(const uint8_t* x0, const uint8_t* x1, int64_t n, float a, float b, float c,
+                          uint8_t lo, uint8_t hi, uint8_t* y);
+
 }  // namespace qpack
