@@ -180,22 +180,37 @@ QPACK_DW_TARGET void prepare(const DepthwiseU8& a, int64_t c0, int64_t groups,
   }
 }
 
-// One output pixel of one block; ptr[k] is tap k's input pixel (or the
-// zero-point row), slots = groups * 4 pointers.
+// Group g of four taps of one block: ptr[4g..4g+3] are their input pixels.
 template <typename V>
+__attribute__((always_inline)) QPACK_DW_TARGET inline void group_step(
+    const Block<V>& b, const uint8_t* const* ptr, int64_t g, typename V::I& acc0,
+    typename V::I& acc1, typename V::I& acc2, typename V::I& acc3) {
+  const uint8_t* const* p = ptr + 4 * g;
+  const typename V::I* w = b.weights + 4 * g;
+  typename V::I x0, x1, x2, x3;
+  interleave<V>(V::load(b.mask, p[0] + b.c0), V::load(b.mask, p[1] + b.c0),
+                V::load(b.mask, p[2] + b.c0), V::load(b.mask, p[3] + b.c0), x0, x1, x2, x3);
+  acc0 = V::dot(acc0, x0, w[0]);
+  acc1 = V::dot(acc1, x1, w[1]);
+  acc2 = V::dot(acc2, x2, w[2]);
+  acc3 = V::dot(acc3, x3, w[3]);
+}
+
+// One output pixel of one block; ptr[k] is tap k's input pixel (or the
+// zero-point row), slots = groups * 4 pointers. kGroups > 0 fixes the group
+// count at compile time (3x3 windows: 3), so the loop unrolls and the four
+// accumulators stay in their registers (the runtime loop moved each twice
+// per multiply-add).
+template <typename V, int kGroups>
 QPACK_DW_TARGET inline void pixel(const Block<V>& b, const uint8_t* const* ptr, int64_t groups,
                                   typename V::F lo, typename V::F hi, uint8_t* out) {
   const int64_t c0 = b.c0;
   auto acc0 = b.init[0], acc1 = b.init[1], acc2 = b.init[2], acc3 = b.init[3];
-  const typename V::I* w = b.weights;
-  for (int64_t g = 0; g < groups; ++g, w += 4, ptr += 4) {
-    typename V::I x0, x1, x2, x3;
-    interleave<V>(V::load(b.mask, ptr[0] + c0), V::load(b.mask, ptr[1] + c0),
-                  V::load(b.mask, ptr[2] + c0), V::load(b.mask, ptr[3] + c0), x0, x1, x2, x3);
-    acc0 = V::dot(acc0, x0, w[0]);
-    acc1 = V::dot(acc1, x1, w[1]);
-    acc2 = V::dot(acc2, x2, w[2]);
-    acc3 = V::dot(acc3, x3, w[3]);
+  if constexpr (kGroups > 0) {
+    #pragma GCC unroll 16
+    for (int g = 0; g < kGroups; ++g) group_step<V>(b, ptr, g, acc0, acc1, acc2, acc3);
+  } else {
+    for (int64_t g = 0; g < groups; ++g) group_step<V>(b, ptr, g, acc0, acc1, acc2, acc3);
   }
   // packs / packus interleave per 128-bit lane: the channels come back in order
   V::store(out + c0, b.mask,
@@ -271,8 +286,13 @@ QPACK_DW_TARGET void run_rows(const DepthwiseU8& a, const Prepared& p, const int
         }
       }
       uint8_t* out = out_row + ow * a.C;
-      for (int64_t b = 0; b < p.wide; ++b) pixel<Zmm>(p.zmm[b], ptr, p.groups, zlo, zhi, out);
-      for (int64_t b = 0; b < p.narrow; ++b) pixel<Ymm>(p.ymm[b], ptr, p.groups, ylo, yhi, out);
+      if (p.groups == 3) {
+        for (int64_t b = 0; b < p.wide; ++b) pixel<Zmm, 3>(p.zmm[b], ptr, 3, zlo, zhi, out);
+        for (int64_t b = 0; b < p.narrow; ++b) pixel<Ymm, 3>(p.ymm[b], ptr, 3, ylo, yhi, out);
+        continue;
+      }
+      for (int64_t b = 0; b < p.wide; ++b) pixel<Zmm, 0>(p.zmm[b], ptr, p.groups, zlo, zhi, out);
+      for (int64_t b = 0; b < p.narrow; ++b) pixel<Ymm, 0>(p.ymm[b], ptr, p.groups, ylo, yhi, out);
     }
   }
 }
