@@ -33,6 +33,10 @@ void conv_grid(qpack_backend b, qpack_mode m) {
     // 64 channels and more: oneDNN's int8 runs qpack's depthwise kernel (64- and 32-channel blocks)
     ConvTester().backend(b).mode(m).layouts(l, l).batch(2).input_size(9, 7).channels(112, 112).groups(112).kernel(3, 3).padding(1).clamp(0, 6).Test();
     ConvTester().backend(b).mode(m).layouts(l, l).input_size(11, 8).channels(72, 72).groups(72).kernel(5, 5).padding(2).stride(2).per_channel(false).Test();
+    // 1x1 with blocks of 32-64 outputs: oneDNN's int8 runs qpack's pointwise kernel (6 inputs:
+    // the last group reads past the pixel, the buffer's last pixel from a padded copy)
+    ConvTester().backend(b).mode(m).layouts(l, l).batch(2).input_size(5, 7).channels(6, 40).kernel(1, 1).clamp(0, 6).Test();
+    ConvTester().backend(b).mode(m).layouts(l, l).input_size(9, 9).channels(24, 100).kernel(1, 1).stride(2).per_channel(false).Test();
     ConvTester().backend(b).mode(m).layouts(l, l).channels(8, 12).groups(4).kernel(3, 3).dilation(2).padding(2).Test();
     ConvTester().backend(b).mode(m).layouts(l, l).batch(2).input_size(9, 6).channels(5, 7).kernel(2, 3).stride(2).clamp(0, 6).Test();
   }
