@@ -154,8 +154,6 @@ QPACK_PW_TARGET void tile(const uint8_t* const* x, int64_t group_stride, const i
   }
 }
 
-
-
 // Output pixels [begin, end) of image-flattened index, every output group.
 // With an input count that is not a multiple of 4 the last group reads up to
 // 3 bytes of the next pixel, against zero weights; a tile that would read
