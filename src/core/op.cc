@@ -163,12 +163,13 @@ void parse_op_spec(const OpParams& p, OpKind op, const void* weight, int64_t wei
             p.mode == QPACK_MODE_INT8_DYNAMIC,
         QPACK_STATUS_INVALID_ARGUMENT, "unknown mode ", static_cast<int>(p.mode));
   s->mode = p.mode;
-  bool asymmetric = false;  // an int8 weight with zero points: AUTO needs a backend that takes them
-  if (p.mode != QPACK_MODE_F32 && p.weight_zero_points != nullptr) {
-    for (int64_t i = 0; i < std::max<int64_t>(p.num_weight_scales, 0); ++i) {
-      asymmetric = asymmetric || p.weight_zero_points[i] != 0;
-    }
-  }
+  // An int8 weight with zero points: AUTO needs a backend that takes them. Only
+  // a count parse_weight_quant accepts is read (it reports any other).
+  const int64_t num = p.num_weight_scales;
+  const bool asymmetric = p.mode != QPACK_MODE_F32 && p.weight_zero_points != nullptr &&
+                          (num == 1 || num == channels) &&
+                          std::any_of(p.weight_zero_points, p.weight_zero_points + num,
+                                      [](int32_t zp) { return zp != 0; });
   s->backend = resolve_backend(p.backend, op, p.mode, asymmetric);
   if (!s->int8() && weight != nullptr) {
     const float* w = static_cast<const float*>(weight);

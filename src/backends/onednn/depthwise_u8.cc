@@ -1,15 +1,10 @@
 #include "backends/onednn/depthwise_u8.h"
 
 #include <algorithm>
-#include <cmath>
-#include <new>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <vector>
+#include <new>
 
 #include "core/parallel.h"
-#include "core/quant.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
