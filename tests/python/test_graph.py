@@ -716,3 +716,37 @@ def test_a_submodule_named_graph_warns_and_runs_layer_by_layer():
     assert G.runner_of(frozen) is None
     x = torch.randn(1, 3, 8, 8)
     assert torch.allclose(frozen(x), model(x), atol=1e-5)
+
+
+class PassThrough(nn.Module):
+    """A graph input that is also a graph output (through an identity) and is
+    read by a convolution, which takes NCHW data where it lies: timm's
+    InvertedResidual puts its shortcut through such a segment edge."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(4, 8, 3)
+        self.drop = nn.Dropout()
+
+    def forward(self, x):
+        a = self.drop(x)
+        return self.c(a), a
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_an_input_returned_as_an_output_keeps_its_layout(dtype, channels_last):
+    torch.manual_seed(2)
+    model = PassThrough().eval()
+    x = torch.randn(2, 4, 9, 7)
+    f = qpack.freeze(model, dtype=dtype, example_inputs=[x] if dtype else None)
+    assert G.runner_of(f).num_segments == 1
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        (y, a), (ref, _) = f(x), model(x)
+    if dtype is None:
+        assert torch.equal(a, x)  # the input itself, not a transpose of it
+    else:  # quantized on its edge: within one quantum, in the caller's layout
+        assert float((a - x).abs().max()) < 0.05 * float(x.abs().max())
+    close(y, ref, 1e-5 if dtype is None else 0.05)
