@@ -261,7 +261,8 @@ def _default_mapping():
     return m
 
 
-#: source module type (exact type, not subclasses) -> Rule. Extend with register().
+#: source module type (exact type) -> Rule. Extend with register(). Subclasses of nn.Linear /
+#: nn.Conv1d / nn.Conv2d that compute exactly what their base class does take its rule (_subclass_rules).
 MAPPING = _default_mapping()
 
 
@@ -312,7 +313,7 @@ def _analyze(model, rules):
     class Tracer(torch.fx.Tracer):
         # every type with a rule is a leaf, so user-registered layers show up as calls
         def is_leaf_module(self, m, qualname):
-            return type(m) in rules or super().is_leaf_module(m, qualname)
+            return type(m) in rules or isinstance(m, _BatchNorm) or super().is_leaf_module(m, qualname)
 
     graph = Tracer().trace(model)
     modules = dict(model.named_modules(remove_duplicate=False))
@@ -339,12 +340,13 @@ def _analyze(model, rules):
         if rule.fold_bn and len(users) == 1 and users[0].op == "call_module" and len(users[0].args) == 1:
             cand = modules[users[0].target]
             channels = getattr(mod, "out_channels", getattr(mod, "out_features", None))
-            if (type(cand) in rule.fold_bn and calls[id(cand)] == 1 and users[0].args[0] is cur
-                    and _bn_foldable(cand, channels)):
+            if (isinstance(cand, rule.fold_bn) and calls[id(cand)] == 1 and users[0].args[0] is cur
+                    and _bn_foldable(cand, channels) and _folded_away(cand, rule.fold_bn) is not None):
                 bn, cur = cand, users[0]
                 dropped.append(cand)
         users = list(cur.users)
-        if rule.fuse_activation and len(users) == 1:
+        # (after a BatchNorm subclass the activation would run before the rest of its forward)
+        if rule.fuse_activation and len(users) == 1 and (bn is None or type(bn) in rule.fold_bn):
             found = _activation_of(users[0], cur, modules)
             if found is not None:
                 act, act_mod = found
@@ -408,8 +410,11 @@ def _calibrate(model, example_inputs, layers, plan):
             if not has_bn:
                 update(key, "out", out)
         handles.append(layer.register_forward_hook(layer_hook))
-        if bn is not None:
+        if bn is not None and type(bn) in (nn.BatchNorm1d, nn.BatchNorm2d):
             handles.append(bn.register_forward_hook(lambda mod, args, out, key=key: update(key, "out", out)))
+        elif bn is not None:  # a subclass's output is past its own activation: the normalized values
+            handles.append(layer.register_forward_hook(lambda mod, args, out, key=key, bn=bn: update(
+                key, "out", F.batch_norm(out, bn.running_mean, bn.running_var, bn.weight, bn.bias, False, 0.0, bn.eps))))
     batches = example_inputs if isinstance(example_inputs, list) else [example_inputs]
     try:
         with torch.no_grad():
@@ -448,6 +453,38 @@ def _drop_tensors(mod):
 
 def _identity():
     return nn.Identity().train(False)
+
+
+_BatchNorm = nn.modules.batchnorm._BatchNorm
+
+
+def _folded_away(bn, types):
+    """What a BatchNorm folded into the layer before it becomes: nn.Identity for the
+    ``types`` themselves; for a subclass that does more after normalizing (timm's
+    BatchNormAct2d: then an activation), a copy whose statistics and affine are the
+    identity (mean 0, var 1, eps 0, weight 1, bias 0), so only the rest of its forward
+    runs. None when the subclass does not compute the BatchNorm then that rest
+    (checked on a random input, exactly)."""
+    if type(bn) in types:
+        return _identity()
+    rest = copy.deepcopy(bn).train(False)
+    with torch.no_grad():
+        rest.running_mean.zero_()
+        rest.running_var.fill_(1.0)
+        if rest.weight is not None:
+            rest.weight.fill_(1.0)
+        if rest.bias is not None:
+            rest.bias.zero_()
+    rest.eps = 0.0
+    g = torch.Generator().manual_seed(0)
+    try:
+        x = torch.randn(2, bn.num_features, *((3, 3) if isinstance(bn, nn.BatchNorm2d) else ()), generator=g)
+        with torch.no_grad():
+            normed = F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, False, 0.0, bn.eps)
+            same = torch.equal(bn(x), rest(normed))
+    except Exception:  # noqa: BLE001 - a forward that does not take a plain tensor: leave it
+        return None
+    return rest if same else None
 
 
 _TRAIN_DEPENDENT = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
@@ -703,11 +740,42 @@ def _freeze_int8_parts(fp32, backend, retain, batches, show_progress):
     return fp32
 
 
+def _subclass_rules(model, rules):
+    """Rules for the subclasses of nn.Linear / nn.Conv1d / nn.Conv2d in ``model`` (timm's
+    Linear, which calls F.linear itself) whose every instance computes exactly what its
+    base class computes, checked on a random input; a subclass that computes something
+    else (timm's Conv2dSame pads first) keeps its own forward and its weights."""
+    bases = [b for b in (nn.Linear, nn.Conv1d, nn.Conv2d) if b in rules]
+    verdict = {}
+    for m in model.modules():
+        t = type(m)
+        base = next((b for b in bases if isinstance(m, b)), None)
+        if t in rules or base is None or verdict.get(t) is False:
+            continue
+        verdict[t] = _computes_as(m, base)
+    return {t: rules[next(b for b in bases if issubclass(t, b))] for t, same in verdict.items() if same}
+
+
+def _computes_as(m, base):
+    g = torch.Generator().manual_seed(0)
+    try:
+        if base is nn.Linear:
+            x = torch.randn(2, m.in_features, generator=g)
+        else:
+            size = [(k - 1) * d + 1 + s for k, d, s in zip(m.kernel_size, m.dilation, m.stride)]
+            x = torch.randn(1, m.in_channels, *size, generator=g)
+        with torch.no_grad():
+            return bool(torch.equal(m(x), base.forward(m, x)))
+    except Exception:  # noqa: BLE001 - whatever it does, it is not the base class's forward
+        return False
+
+
 def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fuse, mapping):
     """Layer by layer: the swap (and folding, fusion, calibration) every freeze starts with."""
     rules = dict(MAPPING)
     if mapping:
         rules.update(mapping)
+    rules.update(_subclass_rules(model, rules))
 
     plan, drop = {}, {}
     if fuse:
@@ -740,8 +808,9 @@ def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fu
             return None
         new.train(False)
         out = {id(layer): new}
+        rule = rules[type(layer)]
         for d in drop.get(id(layer), []):
-            out[id(d)] = _identity()
+            out[id(d)] = _folded_away(d, rule.fold_bn) if isinstance(d, rule.fold_bn) else _identity()
         return out
 
     if id(model) in {id(x) for x in layers}:  # the model is itself one layer

@@ -34,6 +34,7 @@ _ACT_FUNCS = {F.relu: "relu", torch.relu: "relu", F.hardswish: "hardswish", torc
               F.hardsigmoid: "hardsigmoid"}
 _ACT_METHODS = {"relu": "relu", "sigmoid": "sigmoid"}
 _IDENTITY_MODULES = (nn.Identity, nn.Dropout, nn.Dropout2d)
+_MAX_NODE_INPUTS = 8  # qpack_graph_node.inputs
 # torch.ao's quantized add and add + ReLU (None where this torch has none)
 _Q_ADD, _Q_ADD_RELU = getattr(torch.ops.quantized, "add", None), getattr(torch.ops.quantized, "add_relu", None)
 # functions of a convert_fx model that take its qparams as get_attr nodes
@@ -291,9 +292,25 @@ class _Lowering:
         if node.op == "call_function" and node.target is torch.cat:
             tensors = node.args[0]
             dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-            if dim != 1 or not isinstance(tensors, (list, tuple)) or not 1 <= len(tensors) <= 8:
+            if dim != 1 or not isinstance(tensors, (list, tuple)) or not tensors:
                 raise Unsupported("concat other than along dim 1")
-            self.emit_checked(node, "concat", list(tensors))
+            if len(tensors) <= _MAX_NODE_INPUTS:
+                self.emit_checked(node, "concat", list(tensors))
+                return
+            if any(self.value_of.get(t) in self.qp for t in tensors):
+                raise Unsupported(f"a concat of more than {_MAX_NODE_INPUTS} torch.ao quantized values")
+            # more inputs than a node takes (DenseNet's): concats of concats, each level's
+            # partial results valued as the whole (its qparams in int8 graphs)
+            ins = [self.arg(t) for t in tensors]
+            while len(ins) > _MAX_NODE_INPUTS:
+                parts = []
+                for k in range(0, len(ins), _MAX_NODE_INPUTS):
+                    group = ins[k:k + _MAX_NODE_INPUTS]
+                    if len(group) > 1:
+                        self.nodes.append(dict(kind="concat", inputs=group, output=self.new_value(node), fx=node))
+                    parts.append(self.nodes[-1]["output"] if len(group) > 1 else group[0])
+                ins = parts
+            self.nodes.append(dict(kind="concat", inputs=ins, output=self.new_value(node), fx=node))
             return
         if isinstance(m, nn.PReLU):
             self.emit_checked(node, "prelu", [node.args[0]], slopes=m.weight.detach().float().reshape(-1).numpy().copy())
@@ -306,12 +323,19 @@ class _Lowering:
             self.emit_checked(node, kind, [x] + ([like] if like is not None else []), **params)
             return
         if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)) and not m.training and m.track_running_stats:
-            var, mean = m.running_var.double(), m.running_mean.double()
-            g = m.weight.detach().double() if m.weight is not None else torch.ones_like(var)
-            b = m.bias.detach().double() if m.bias is not None else torch.zeros_like(var)
-            scale = g / torch.sqrt(var + m.eps)
+            scale, shift = _bn_affine(m.running_mean, m.running_var, m.weight, m.bias, m.eps)
             self.emit_checked(node, "affine", [node.args[0]], scale=scale.float().numpy(),
-                      shift=(b - mean * scale).float().numpy())
+                              shift=shift.float().numpy())
+            return
+        bn = _functional_bn(node, self.gm)
+        if bn is not None:
+            # F.batch_norm in eval over module tensors (a BatchNorm subclass's own forward,
+            # timm's BatchNormAct2d): an affine, or nothing where freeze folded it (identity)
+            x, scale, shift = bn
+            if bool((scale == 1).all()) and bool((shift == 0).all()):
+                self.value_of[node] = self.arg(x)
+                return
+            self.emit_checked(node, "affine", [x], scale=scale.float().numpy(), shift=shift.float().numpy())
             return
         raise Unsupported(f"{node.op} {node.target}")
 
@@ -322,11 +346,9 @@ class _Lowering:
     def constant(self, a):
         """A number, or the one-element tensor a get_attr node names (convert_fx keeps
         qparams as module attributes); None for anything else."""
-        if isinstance(a, torch.fx.Node) and a.op == "get_attr":
-            t = self.gm
-            for part in a.target.split("."):
-                t = getattr(t, part, None)
-            return t.item() if isinstance(t, torch.Tensor) and t.numel() == 1 else None
+        t = _attr_tensor(self.gm, a)
+        if t is not None:
+            return t.item() if t.numel() == 1 else None
         return a if isinstance(a, (int, float)) and not isinstance(a, bool) else None
 
     def lower_torch_ao(self, node, m):
@@ -400,11 +422,19 @@ class _Lowering:
 
     @staticmethod
     def is_eval_dropout(node):
-        """F.dropout(x, p, training=False) (fx records a module's self.training as a constant)."""
-        if node.op != "call_function" or node.target not in (F.dropout, F.dropout2d):
+        """F.dropout(x, p, training=False) (fx records a module's self.training as a
+        constant), and torchvision's stochastic_depth(x, p, mode, training=False)
+        (EfficientNet's, ConvNeXt's; fx keeps it as one call)."""
+        if node.op != "call_function":
             return False
-        training = node.args[2] if len(node.args) > 2 else node.kwargs.get("training", True)
-        return training is False
+        if node.target in (F.dropout, F.dropout2d):
+            training = node.args[2] if len(node.args) > 2 else node.kwargs.get("training", True)
+            return training is False
+        if getattr(node.target, "__module__", "") == "torchvision.ops.stochastic_depth" and getattr(
+                node.target, "__name__", "") == "stochastic_depth":
+            training = node.args[3] if len(node.args) > 3 else node.kwargs.get("training", True)
+            return training is False
+        return False
 
     @staticmethod
     def is_flatten(node, m):
@@ -700,7 +730,7 @@ def _channels(node, modules):
     if node.op == "call_function" and node.target is torch.cat:
         cs = [channels_of(t) for t in x] if isinstance(x, (tuple, list)) else [None]
         return sum(cs) if None not in cs and _dim_arg(node, 1, "dim", 0) == 1 else None
-    if node.op == "call_function" and node.target is resize_like:
+    if node.op == "call_function" and node.target in (resize_like, F.batch_norm):
         return channels_of(x)
     if node.op == "call_function" and node.target is channel_part:
         c = channels_of(x)
@@ -725,6 +755,72 @@ def _channels(node, modules):
     return None
 
 
+def _attr_tensor(gm, a):
+    """The tensor a get_attr node names, or None."""
+    if not (isinstance(a, torch.fx.Node) and a.op == "get_attr"):
+        return None
+    t = gm
+    for part in a.target.split("."):
+        t = getattr(t, part, None)
+    return t if isinstance(t, torch.Tensor) else None
+
+
+def _bn_affine(mean, var, weight, bias, eps):
+    """(scale, shift), float64: eval BatchNorm as x * scale + shift."""
+    var, mean = var.detach().double(), mean.detach().double()
+    g = weight.detach().double() if weight is not None else torch.ones_like(var)
+    b = bias.detach().double() if bias is not None else torch.zeros_like(var)
+    scale = g / torch.sqrt(var + eps)
+    return scale, b - mean * scale
+
+
+_BN_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
+
+
+def _functional_bn(node, gm):
+    """(x, scale, shift) of F.batch_norm(x, ...) with training=False over float
+    tensors the module holds (get_attr), else None."""
+    if node.op != "call_function" or node.target is not F.batch_norm or len(node.args) > len(_BN_ARGS):
+        return None
+    a = dict(weight=None, bias=None, training=False, eps=1e-5)
+    a.update(zip(_BN_ARGS, node.args))
+    a.update(node.kwargs)
+    if a["training"] is not False or not isinstance(a["eps"], (int, float)) or isinstance(a["eps"], bool):
+        return None
+    t = {k: _attr_tensor(gm, a.get(k)) for k in ("running_mean", "running_var", "weight", "bias")}
+    for k in ("weight", "bias"):
+        if a[k] is not None and t[k] is None:
+            return None
+    if t["running_mean"] is None or t["running_var"] is None or any(
+            v is not None and (v.dtype != torch.float32 or v.dim() != 1) for v in t.values()):
+        return None
+    scale, shift = _bn_affine(t["running_mean"], t["running_var"], t["weight"], t["bias"], float(a["eps"]))
+    return a["input"], scale, shift
+
+
+def _rank_query(node):
+    """x of x.ndim / x.dim(), else None."""
+    if not isinstance(node, torch.fx.Node) or len(node.args) < 1:
+        return None
+    if node.op == "call_function" and node.target is getattr and node.args[1:] == ("ndim",):
+        return node.args[0]
+    if node.op == "call_method" and node.target == "dim" and len(node.args) == 1 and not node.kwargs:
+        return node.args[0]
+    return None
+
+
+def _rank_check_holds(cond):
+    """True when ``cond`` is x.ndim == k (or x.dim() == k) for a value x whose rank is known to be k."""
+    if not (isinstance(cond, torch.fx.Node) and cond.op == "call_function" and cond.target is operator.eq
+            and len(cond.args) == 2):
+        return False
+    a, k = cond.args
+    if _rank_query(a) is None:
+        a, k = k, a
+    x = _rank_query(a)
+    return x is not None and isinstance(k, int) and rank_of(x) == k
+
+
 def _rank(node, modules):
     """The rank of an fx node's value from its op and its inputs' ranks, or None."""
     first = node.args[0] if node.args else None
@@ -741,6 +837,8 @@ def _rank(node, modules):
     if node.op == "call_function" and node.target is torch.cat:
         return next((rank_of(t) for t in first if rank_of(t) is not None), None) if isinstance(
             first, (tuple, list)) else None
+    if node.op == "call_function" and node.target is F.batch_norm:
+        return r
     if (node.op == "call_function" and node.target in _SAME_RANK_FUNCS) or (
             node.op == "call_method" and node.target in _SAME_RANK_METHODS):
         ranks = [rank_of(a) for a in node.args if isinstance(a, torch.fx.Node)]
@@ -915,6 +1013,11 @@ def canonicalize(gm):
             ranks = {rank_of(t) for t in node.args[0]} if isinstance(node.args[0], (tuple, list)) else {None}
             if isinstance(dim, int) and dim < 0 and len(ranks) == 1 and None not in ranks:
                 node.args, node.kwargs = (node.args[0], dim + ranks.pop()), {}
+        elif node.op == "call_function" and node.target is torch._assert and _rank_check_holds(x):
+            # torch._assert(x.ndim == 4, ...) on a value of known rank 4 (timm's BatchNormAct2d)
+            g.erase_node(node)
+            erased.add(node)
+            continue
         mean = _mean_dims(node)
         if mean is not None:
             node.args, node.kwargs = (mean[0], mean[1], mean[2]), {}
@@ -927,8 +1030,10 @@ def canonicalize(gm):
             node.meta["qpack_batch"] = batch
     # shape arithmetic nothing reads any more
     for node in reversed(list(g.nodes)):
-        if not node.users and node in shapes.sym or (
-                not node.users and node.op == "call_method" and node.target == "squeeze"):
+        if not node.users and (node in shapes.sym or _rank_query(node) is not None or (
+                node.op == "call_method" and node.target == "squeeze") or (
+                node.op == "call_function" and node.target in (operator.eq, operator.ne)
+                and _rank_query(node.args[0]) is not None)):
             g.erase_node(node)
     g.lint()
     gm.recompile()
@@ -940,10 +1045,12 @@ def canonicalize(gm):
 _MIN_SEGMENT_NODES = 2  # a lone elementwise op is cheaper in PyTorch than crossing into the core
 
 
-def _qparam_attr(node):
-    """A get_attr node only convert_fx's quantize / quantized add read (as qparams)."""
+def _constant_attr(node):
+    """A get_attr node read only as a constant by the ops that use it: qparams of
+    convert_fx's quantize / quantized add, statistics and affine of F.batch_norm."""
     return node.op == "get_attr" and bool(node.users) and all(
-        u.op == "call_function" and u.target in _QPARAM_READERS for u in node.users)
+        u.op == "call_function" and (u.target in _QPARAM_READERS or (
+            u.target is F.batch_norm and (not u.args or u.args[0] is not node))) for u in node.users)
 
 
 def segments(gm):
@@ -969,8 +1076,8 @@ def segments(gm):
             out.append(cur)
 
     for node in gm.graph.nodes:
-        if _qparam_attr(node):
-            continue  # read as constants by the quantize / add that use it
+        if _constant_attr(node):
+            continue  # read as constants by the ops that use it
         if node.op in ("placeholder", "output", "get_attr"):
             close()
             cur = None
@@ -1318,8 +1425,12 @@ def _torch_segment(gm, seg, replaced):
     env = {}
     for i, n in enumerate(seg.input_nodes):
         env[n] = env[replaced.get(n, n)] = g.placeholder(f"x{i}")
+    def arg(a):
+        if a not in env and a.op == "get_attr":  # a constant (_constant_attr): read where it is
+            env[a] = g.node_copy(a)
+        return env[a]
     for n in seg.members:
-        env[n] = g.node_copy(n, lambda a: env[a])
+        env[n] = g.node_copy(n, arg)
     outs = [None] * len(seg.outputs)
     for n, k in seg.exported:
         outs[k] = env[n]

@@ -295,18 +295,42 @@ def test_bad_arguments():
 
 def test_register_extends_mapping():
     class MyLinear(nn.Linear):
-        pass
+        def forward(self, x):  # not what nn.Linear computes: kept as it is
+            return super().forward(x) + 1
 
     model = nn.Sequential(MyLinear(5, 4), nn.ReLU()).eval()
-    assert not frozen_layers(qpack.freeze(model))  # exact types only: subclasses are kept
+    assert not frozen_layers(qpack.freeze(model))
     try:
         qpack.torch.register(MyLinear, qpack.torch.MAPPING[nn.Linear].convert, fuse_activation=True)
         f = qpack.freeze(model)
         assert isinstance(f[0], FrozenLinear) and f[0].activation == "relu"
         x = torch.randn(3, 5)
-        close(f(x), model(x))
+        close(f(x), F.relu(F.linear(x, model[0].weight, model[0].bias)))  # the rule's conversion
     finally:
         qpack.torch.MAPPING.pop(MyLinear)
+
+
+class CallsLinear(nn.Linear):
+    """timm's Linear: calls F.linear itself, computing what nn.Linear does."""
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class PadsFirst(nn.Conv2d):
+    """timm's Conv2dSame: pads the input itself, so it is not nn.Conv2d's computation."""
+
+    def forward(self, x):
+        return F.conv2d(F.pad(x, (0, 1, 0, 1)), self.weight, self.bias, self.stride, 0)
+
+
+def test_subclasses_that_compute_as_their_base_are_frozen():
+    torch.manual_seed(0)
+    model = nn.Sequential(PadsFirst(3, 4, 2), nn.Flatten(), CallsLinear(4 * 6 * 6, 5)).eval()
+    f = qpack.freeze(model)
+    assert isinstance(f[0], PadsFirst) and isinstance(f[2], FrozenLinear)
+    x = torch.randn(2, 3, 6, 6)
+    close(f(x), model(x))
 
 
 # ---- BatchNorm folding math (no packing) ------------------------------------------------

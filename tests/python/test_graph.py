@@ -37,6 +37,14 @@ def conv_bn(cin, cout, k=3, stride=1, groups=1, act=nn.ReLU6):
     return nn.Sequential(*layers)
 
 
+def freeze_args(dtype, shape):
+    """qpack.freeze keywords: {} for fp32; static int8 on the first backend, calibrated
+    on three random batches of ``shape``."""
+    if dtype is None:
+        return {}
+    return dict(dtype="int8", example_inputs=[torch.randn(*shape) for _ in range(3)], backend=BACKENDS[0])
+
+
 def randomize_bn(model):
     g = torch.Generator().manual_seed(7)
     for m in model.modules():
@@ -497,8 +505,7 @@ class WithCustomOp(nn.Module):
 def test_unsupported_ops_split_the_graph_into_segments(dtype):
     model = randomize_bn(WithCustomOp()).eval()
     x = torch.randn(2, 3, 10, 9)
-    kw = dict(dtype="int8", example_inputs=[torch.randn(2, 3, 10, 9) for _ in range(3)],
-              backend=BACKENDS[0]) if dtype else {}
+    kw = freeze_args(dtype, (2, 3, 10, 9))
     f = qpack.freeze(model, **kw)
     runner = G.runner_of(f)
     assert runner is not None and runner.num_segments >= 2
@@ -662,8 +669,7 @@ def test_conv1d_models_run_as_one_graph(dtype):
         bn.running_mean.uniform_(-0.2, 0.2)
         bn.running_var.uniform_(0.5, 1.5)
     x = torch.randn(3, 20, 50)
-    kw = dict(dtype="int8", example_inputs=[torch.randn(3, 20, 50) for _ in range(3)],
-              backend=BACKENDS[0]) if dtype else {}
+    kw = freeze_args(dtype, (3, 20, 50))
     f = qpack.freeze(model, **kw)
     runner = G.runner_of(f)
     assert runner is not None and runner.num_segments == 1
@@ -750,3 +756,134 @@ def test_an_input_returned_as_an_output_keeps_its_layout(dtype, channels_last):
     else:  # quantized on its edge: within one quantum, in the caller's layout
         assert float((a - x).abs().max()) < 0.05 * float(x.abs().max())
     close(y, ref, 1e-5 if dtype is None else 0.05)
+
+
+class BatchNormAct(nn.BatchNorm2d):
+    """timm's BatchNormAct2d: a rank check, F.batch_norm on its own tensors, then
+    an activation, all in its own forward."""
+
+    def __init__(self, c, act=nn.Hardswish, scale_input=1.0):
+        super().__init__(c)
+        self.act = act()
+        self.scale_input = scale_input
+
+    def forward(self, x):
+        torch._assert(x.ndim == 4, "expected 4D input")
+        x = F.batch_norm(x * self.scale_input if self.scale_input != 1.0 else x, self.running_mean,
+                         self.running_var, self.weight, self.bias, False, 0.0, self.eps)
+        return self.act(x)
+
+
+class TimmStyle(nn.Module):
+    """conv -> BatchNormAct (folded into the conv), ReLU -> BatchNormAct (nothing to
+    fold into: an affine node), a BatchNormAct that scales its input first (not a
+    BatchNorm then the rest: stays as it is), residual add."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.n1 = nn.Conv2d(3, 8, 3, padding=1, bias=False), BatchNormAct(8)
+        self.n2 = BatchNormAct(8, nn.ReLU)
+        self.c3, self.n3 = nn.Conv2d(8, 8, 1), BatchNormAct(8, nn.Identity, scale_input=2.0)
+
+    def forward(self, x):
+        y = self.n1(self.c1(x))
+        y = self.n2(F.relu(y))
+        return self.n3(self.c3(y)) + y
+
+
+class TimmStylePlain(nn.Module):
+    """TimmStyle spelled with nn.BatchNorm2d modules (the same tensors)."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.c1, self.c3 = m.c1, m.c3
+        self.b1, self.b2, self.b3 = (nn.BatchNorm2d(8).eval() for _ in range(3))
+        for b, n in ((self.b1, m.n1), (self.b2, m.n2), (self.b3, m.n3)):
+            b.load_state_dict(n.state_dict())
+
+    def forward(self, x):
+        y = F.hardswish(self.b1(self.c1(x)))
+        y = F.relu(self.b2(F.relu(y)))
+        return self.b3(self.c3(y) * 2.0) + y
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_batchnorm_subclasses_fold_or_lower_as_one_graph(dtype):
+    model = randomize_bn(TimmStyle()).eval()
+    x = torch.randn(2, 3, 10, 9)
+    kw = freeze_args(dtype, (2, 3, 10, 9))
+    f = qpack.freeze(model, **kw)
+    assert G.runner_of(f).num_segments == 1 and G.runner_of(f)._gm is None
+    rep = qpack.graph_report(f)
+    # n1 folded into c1 (its copy keeps only the Hardswish); n2 an affine, n3 two (x * 2, its BatchNorm)
+    assert f.n1.running_var.eq(1).all() and f.n1.eps == 0.0 and model.n1.eps != 0.0
+    assert f.n3.eps == model.n3.eps
+    assert "c1 backend=onednn +bn " in rep and rep.count("affine") == 3, rep
+    plain = TimmStylePlain(model).eval()
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < (0.1 if dtype else 1e-5)
+        # the same graph as the model spelled with nn.BatchNorm2d: the same values
+        close(f(x), qpack.freeze(plain, **kw)(x), 1e-6)
+        layers = qpack.unfreeze(f)
+        close(layers(x), model(x), 0.05 if dtype else 1e-5)  # int8: its dequantized weights
+
+
+class DenseConcat(nn.Module):
+    """DenseNet's block: every layer reads the concat of all the features before it
+    (up to 12 inputs here, more than a core node takes)."""
+
+    def __init__(self, layers=11, growth=4):
+        super().__init__()
+        self.stem = nn.Conv2d(3, growth, 3, padding=1)
+        self.convs = nn.ModuleList(nn.Conv2d(growth * (i + 1), growth, 3, padding=1) for i in range(layers))
+
+    def forward(self, x):
+        feats = [F.relu(self.stem(x))]
+        for conv in self.convs:
+            feats.append(F.relu(conv(torch.cat(feats, 1))))
+        return torch.cat(feats, 1)
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_concat_of_more_inputs_than_a_node_takes(dtype):
+    torch.manual_seed(3)
+    model = DenseConcat().eval()
+    x = torch.randn(2, 3, 8, 7)
+    kw = freeze_args(dtype, (2, 3, 8, 7))
+    f = qpack.freeze(model, **kw)
+    assert G.runner_of(f).num_segments == 1 and G.runner_of(f)._gm is None
+    assert qpack.graph_report(f).count("concat") > 11  # 10 concats, of 9-12 inputs in two levels
+    with torch.no_grad():
+        y, ref = f(x), model(x)
+    assert y.shape == ref.shape
+    assert rel_err(y, ref) < (0.05 if dtype else 1e-5), rel_err(y, ref)
+
+
+def stochastic_depth(x, p, mode, training=True):
+    """Spelled as torchvision.ops.stochastic_depth (identity when not training)."""
+    if not training or p == 0.0:
+        return x
+    keep = torch.empty(x.shape[0], 1, 1, 1).bernoulli_(1 - p)
+    return x * keep / (1 - p)
+
+
+stochastic_depth.__module__ = "torchvision.ops.stochastic_depth"
+torch.fx.wrap("stochastic_depth")
+
+
+class WithStochasticDepth(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        return stochastic_depth(self.c2(F.relu(self.c1(x))), 0.2, "row", self.training) + x
+
+
+def test_stochastic_depth_in_eval_is_an_identity_in_the_graph():
+    model = WithStochasticDepth().eval()
+    f = qpack.freeze(model)
+    assert G.runner_of(f).num_segments == 1 and G.runner_of(f)._gm is None
+    x = torch.randn(2, 4, 6, 5)
+    with torch.no_grad():
+        close(f(x), model(x))
