@@ -167,6 +167,22 @@ void store_u8(const float* v, int64_t n, float zp, uint8_t* y) {
   for (int64_t i = quantize_u8_vector(v, n, 1.0f, zp, y); i < n; ++i) y[i] = round_u8(v[i], zp);
 }
 
+// y = round_u8((x - zx) m[c] + b[c], zy) over outer x channels x inner values
+// (channel c's m[c] and b[c] for each run of inner values; b NULL: no shift):
+// the u8 affine node and the per-channel u8 mul. AVX-512 (vec_math.cc) or
+// this loop, the same float operations, so the same values.
+void affine_u8(const uint8_t* x, int64_t outer, int64_t channels, int64_t inner, const float* m, const float* b,
+               float zx, float zy, uint8_t* y) {
+  if (affine_u8_vector(x, outer, channels, inner, m, b, zx, zy, y)) return;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t c = 0; c < channels; ++c) {
+      const float mc = m[c], bc = b != nullptr ? b[c] : 0.0f;  // + 0: the same value
+      const int64_t base = (o * channels + c) * inner;
+      for (int64_t k = base; k < base + inner; ++k) y[k] = round_u8((static_cast<float>(x[k]) - zx) * mc + bc, zy);
+    }
+  }
+}
+
 uint8_t* thread_workspace(size_t size) {
   struct Deleter {
     void operator()(uint8_t* p) const { std::free(p); }
@@ -1254,21 +1270,36 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       const Shape& bs = plan.shapes[a];
       const int64_t C = per_channel ? bs.d[1] : count, HW = per_channel ? bs.d[2] * bs.d[3] : 1;
       const int64_t rows = per_channel ? bs.d[0] * HW : 1;
+      if (u8) {
+        // (a - za) (b - zb) sa sb / sy rounded half-even, + zy, clamped: qy.quant of the product
+        const float k = qa.scale * qb.scale / qy.scale, zy = static_cast<float>(qy.zp);
+        const float za = static_cast<float>(qa.zp), zb = static_cast<float>(qb.zp);
+        if (!per_channel) {
+          parallel_range(count, kGrain, [&](int64_t lo, int64_t hi) {
+            if (mul_u8_vector(big + lo, small + lo, hi - lo, za, zb, k, zy, y + lo)) return;
+            for (int64_t i = lo; i < hi; ++i) {
+              y[i] = round_u8((static_cast<float>(big[i]) - za) * (static_cast<float>(small[i]) - zb) * k, zy);
+            }
+          });
+          return;
+        }
+        // per image: (a - za) m[c] with m[c] = (b[c] - zb) k, the affine node's loop
+        parallel_range(rows, std::max<int64_t>(1, kGrain / C), [&](int64_t lo, int64_t hi) {
+          thread_local std::vector<float> m;
+          m.resize(static_cast<size_t>(C));
+          for (int64_t r = lo; r < hi;) {
+            const int64_t image = r / HW, end = std::min(hi, (image + 1) * HW);
+            for (int64_t c = 0; c < C; ++c) m[c] = (static_cast<float>(small[image * C + c]) - zb) * k;
+            affine_u8(big + r * C, end - r, C, 1, m.data(), nullptr, za, zy, y + r * C);
+            r = end;
+          }
+        });
+        return;
+      }
       parallel_range(rows, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t r = lo; r < hi; ++r) {
           const int64_t base = r * C, sbase = per_channel ? (r / HW) * C : base;
-          if (u8) {
-            // (a - za) (b - zb) sa sb / sy rounded half-even (the 1.5 * 2^23 trick, which
-            // vectorizes where nearbyint does not), + zy, clamped: qy.quant of the product
-            const float k = qa.scale * qb.scale / qy.scale, zy = static_cast<float>(qy.zp);
-            for (int64_t c = 0; c < C; ++c) {
-              y[base + c] = round_u8(static_cast<float>(static_cast<int32_t>(big[base + c]) - qa.zp) *
-                                         static_cast<float>(static_cast<int32_t>(small[sbase + c]) - qb.zp) * k,
-                                     zy);
-            }
-          } else {
-            for (int64_t c = 0; c < C; ++c) yf[base + c] = bigf[base + c] * smallf[sbase + c];
-          }
+          for (int64_t c = 0; c < C; ++c) yf[base + c] = bigf[base + c] * smallf[sbase + c];
         }
       });
       return;
@@ -1486,7 +1517,7 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       parallel_range(count, kGrain, [&](int64_t b, int64_t e) {
         if (u8) {
           const uint8_t* lut = n.lut.data();
-          for (int64_t i = b; i < e; ++i) y[i] = lut[x[i]];
+          for (int64_t i = b + lut_u8_vector(lut, x + b, e - b, y + b); i < e; ++i) y[i] = lut[x[i]];
         } else if (n.act == QPACK_ACT_RELU) {
           for (int64_t i = b; i < e; ++i) yf[i] = std::max(xf[i], 0.0f);
         } else if (!activate_f32_vector(n.act, xf + b, yf + b, e - b)) {
@@ -1497,31 +1528,26 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
     case QPACK_NODE_AFFINE: {
       int64_t outer, channels, inner;
       split_channels(xs, &outer, &channels, &inner);
-      // u8: ((x - zx) sx s + t) / sy as (x - zx) m[c] + b[c], rounded as the other u8 nodes
-      std::vector<float> m(u8 ? static_cast<size_t>(channels) : 0), bias(m.size());
-      for (size_t c = 0; c < m.size(); ++c) {
-        m[c] = qx.scale * n.affine_scale[c] / qy.scale;
-        bias[c] = n.affine_shift[c] / qy.scale;
+      if (u8) {  // ((x - zx) sx s + t) / sy as (x - zx) m[c] + b[c], rounded as the other u8 nodes
+        std::vector<float> m(static_cast<size_t>(channels)), bias(m.size());
+        for (size_t c = 0; c < m.size(); ++c) {
+          m[c] = qx.scale * n.affine_scale[c] / qy.scale;
+          bias[c] = n.affine_shift[c] / qy.scale;
+        }
+        const float zx = static_cast<float>(qx.zp), zy = static_cast<float>(qy.zp);
+        parallel_range(outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(channels * inner, 1)),
+                       [&](int64_t b, int64_t e) {
+          affine_u8(x + b * channels * inner, e - b, channels, inner, m.data(), bias.data(), zx, zy,
+                    y + b * channels * inner);
+        });
+        return;
       }
-      const float zx = static_cast<float>(qx.zp), zy = static_cast<float>(qy.zp);
       parallel_range(outer, 1, [&](int64_t b, int64_t e) {
         for (int64_t o = b; o < e; ++o) {
-          if (u8 && inner == 1) {  // NHWC: a pixel's channels
-            const uint8_t* xr = x + o * channels;
-            uint8_t* yr = y + o * channels;
-            for (int64_t c = 0; c < channels; ++c) yr[c] = round_u8((static_cast<float>(xr[c]) - zx) * m[c] + bias[c], zy);
-            continue;
-          }
           for (int64_t c = 0; c < channels; ++c) {
             const float s = n.affine_scale[c], t = n.affine_shift[c];
             const int64_t base = (o * channels + c) * inner;
-            for (int64_t k = base; k < base + inner; ++k) {
-              if (u8) {
-                y[k] = round_u8((static_cast<float>(x[k]) - zx) * m[c] + bias[c], zy);
-              } else {
-                yf[k] = xf[k] * s + t;
-              }
-            }
+            for (int64_t k = base; k < base + inner; ++k) yf[k] = xf[k] * s + t;
           }
         }
       });

@@ -1,5 +1,8 @@
 #include "core/vec_math.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define QPACK_VEC_X86 1
@@ -10,11 +13,34 @@ namespace qpack {
 #ifdef QPACK_VEC_X86
 namespace {
 
+// QPACK_VEC_MATH=0: none of this file's vector code, the callers' scalar loops
+// everywhere (to compare them; read once).
+bool vec_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("QPACK_VEC_MATH");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
 int isa_level() {
-  static const int isa = __builtin_cpu_supports("avx512f")                                   ? 2
+  static const int isa = !vec_enabled()                                                      ? 0
+                         : __builtin_cpu_supports("avx512f")                                 ? 2
                          : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1
                                                                                              : 0;
   return isa;
+}
+
+// AVX-512 BW and VL beside F: masked byte loads (every AVX-512 CPU but Xeon Phi)
+bool has_avx512bw() {
+  static const bool ok = isa_level() == 2 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  return ok;
+}
+
+// VBMI: byte permutes across a 64-byte vector (Ice Lake, Zen 4 and later)
+bool has_vbmi() {
+  static const bool ok = has_avx512bw() && __builtin_cpu_supports("avx512vbmi");
+  return ok;
 }
 
 // Cephes expf: n = round(x log2 e), r = x - n ln 2 (in two parts), exp(r)
@@ -37,6 +63,8 @@ constexpr float kSqrtHalf = 0.70710678118654752f;
 
 #define QPACK_AVX512 __attribute__((target("avx512f")))
 #define QPACK_AVX2 __attribute__((target("avx2,fma")))
+#define QPACK_AVX512BW __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define QPACK_AVX512VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi")))
 
 // exp; above kExpHi +inf and below kExpLo 0, as std::exp overflows and
 // underflows (sigmoid(-inf) = 0, SiLU(-inf) = -inf * 0 = NaN as PyTorch's);
@@ -195,6 +223,86 @@ QPACK_AVX512 int64_t affine2_512(const uint8_t* x0, const uint8_t* x1, int64_t n
   return i;
 }
 
+// y = lut[x], 64 values per step: a byte's low 7 bits index a 128-byte half of
+// the table (a two-vector permute for each half), its top bit picks the half.
+QPACK_AVX512VBMI void lut512(const uint8_t* lut, const uint8_t* x, int64_t n, uint8_t* y) {
+  const __m512i t0 = _mm512_loadu_si512(lut), t1 = _mm512_loadu_si512(lut + 64);
+  const __m512i t2 = _mm512_loadu_si512(lut + 128), t3 = _mm512_loadu_si512(lut + 192);
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    const __m512i v = _mm512_loadu_si512(x + i);
+    const __m512i lo = _mm512_permutex2var_epi8(t0, v, t1), hi = _mm512_permutex2var_epi8(t2, v, t3);
+    _mm512_storeu_si512(y + i, _mm512_mask_blend_epi8(_mm512_movepi8_mask(v), lo, hi));
+  }
+  if (i < n) {
+    const __mmask64 m = (__mmask64(1) << (n - i)) - 1;
+    const __m512i v = _mm512_maskz_loadu_epi8(m, x + i);
+    const __m512i lo = _mm512_permutex2var_epi8(t0, v, t1), hi = _mm512_permutex2var_epi8(t2, v, t3);
+    _mm512_mask_storeu_epi8(y + i, m, _mm512_mask_blend_epi8(_mm512_movepi8_mask(v), lo, hi));
+  }
+}
+
+QPACK_AVX512BW inline __mmask16 mask16(int64_t left) {
+  return left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+
+QPACK_AVX512BW inline __m512 load_u8(__mmask16 k, const uint8_t* x) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, x)));
+}
+
+// graph.cc's round_u8: round half to even, + zy, clamped to [0, 255]
+QPACK_AVX512BW inline void store_round_u8(__m512 v, __m512 zy, __mmask16 k, uint8_t* y) {
+  v = _mm512_add_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zy);
+  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), _mm512_set1_ps(255.0f));
+  _mm512_mask_cvtepi32_storeu_epi8(y, k, _mm512_cvttps_epi32(v));
+}
+
+// (x - zx) m + b as the scalar loop: a rounded product, then a rounded sum (the
+// explicit rounding keeps the compiler from contracting the two into an FMA)
+QPACK_AVX512BW inline __m512 affine16(__m512 x, __m512 zx, __m512 m, __m512 b, bool shift) {
+  const __m512 p = _mm512_mul_round_ps(_mm512_sub_ps(x, zx), m, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return shift ? _mm512_add_ps(p, b) : p;
+}
+
+QPACK_AVX512BW void affine512(const uint8_t* x, int64_t outer, int64_t channels, int64_t inner, const float* m,
+                              const float* b, float zx, float zy, uint8_t* y) {
+  const __m512 vzx = _mm512_set1_ps(zx), vzy = _mm512_set1_ps(zy), zero = _mm512_setzero_ps();
+  const bool shift = b != nullptr;
+  if (inner == 1) {  // rows of channels: the channels' vectors of m and b, a masked tail per row
+    for (int64_t o = 0; o < outer; ++o) {
+      const uint8_t* xr = x + o * channels;
+      uint8_t* yr = y + o * channels;
+      for (int64_t c = 0; c < channels; c += 16) {
+        const __mmask16 k = mask16(channels - c);
+        const __m512 vm = _mm512_maskz_loadu_ps(k, m + c), vb = shift ? _mm512_maskz_loadu_ps(k, b + c) : zero;
+        store_round_u8(affine16(load_u8(k, xr + c), vzx, vm, vb, shift), vzy, k, yr + c);
+      }
+    }
+    return;
+  }
+  for (int64_t r = 0; r < outer * channels; ++r) {  // runs of inner values, one channel's m and b each
+    const int64_t c = r % channels;
+    const __m512 vm = _mm512_set1_ps(m[c]), vb = shift ? _mm512_set1_ps(b[c]) : zero;
+    const uint8_t* xr = x + r * inner;
+    uint8_t* yr = y + r * inner;
+    for (int64_t i = 0; i < inner; i += 16) {
+      const __mmask16 k = mask16(inner - i);
+      store_round_u8(affine16(load_u8(k, xr + i), vzx, vm, vb, shift), vzy, k, yr + i);
+    }
+  }
+}
+
+// round_u8((x0 - z0) (x1 - z1) k, zy): the integer product is exact in float, then one product
+QPACK_AVX512BW void mul512(const uint8_t* x0, const uint8_t* x1, int64_t n, float z0, float z1, float k,
+                           float zy, uint8_t* y) {
+  const __m512 vz0 = _mm512_set1_ps(z0), vz1 = _mm512_set1_ps(z1), vk = _mm512_set1_ps(k), vzy = _mm512_set1_ps(zy);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = mask16(n - i);
+    const __m512 p = _mm512_mul_ps(_mm512_sub_ps(load_u8(m, x0 + i), vz0), _mm512_sub_ps(load_u8(m, x1 + i), vz1));
+    store_round_u8(_mm512_mul_ps(p, vk), vzy, m, y + i);
+  }
+}
+
 QPACK_AVX2 int64_t quantize256(const float* x, int64_t n, float inv_scale, float zero_point, uint8_t* y) {
   const __m256 inv = _mm256_set1_ps(inv_scale), zp = _mm256_set1_ps(zero_point);
   const __m256 lo = _mm256_setzero_ps(), hi = _mm256_set1_ps(255.0f);
@@ -225,6 +333,26 @@ int64_t affine2_u8_vector(const uint8_t* x0, const uint8_t* x1, int64_t n, float
   return isa_level() == 2 ? affine2_512(x0, x1, n, a, b, c, lo, hi, y) : 0;
 }
 
+int64_t lut_u8_vector(const uint8_t* lut, const uint8_t* x, int64_t n, uint8_t* y) {
+  if (!has_vbmi()) return 0;
+  lut512(lut, x, n, y);
+  return n;
+}
+
+bool affine_u8_vector(const uint8_t* x, int64_t outer, int64_t channels, int64_t inner, const float* m,
+                      const float* b, float zx, float zy, uint8_t* y) {
+  if (!has_avx512bw()) return false;
+  affine512(x, outer, channels, inner, m, b, zx, zy, y);
+  return true;
+}
+
+bool mul_u8_vector(const uint8_t* x0, const uint8_t* x1, int64_t n, float z0, float z1, float k, float zy,
+                   uint8_t* y) {
+  if (!has_avx512bw()) return false;
+  mul512(x0, x1, n, z0, z1, k, zy, y);
+  return true;
+}
+
 bool activate_f32_vector(qpack_activation act, const float* x, float* y, int64_t n) {
   switch (act) {
     case QPACK_ACT_SIGMOID: return run_vector<QPACK_ACT_SIGMOID>(x, y, n);
@@ -242,6 +370,12 @@ int64_t affine2_u8_vector(const uint8_t*, const uint8_t*, int64_t, float, float,
                           uint8_t, uint8_t*) {
   return 0;
 }
+int64_t lut_u8_vector(const uint8_t*, const uint8_t*, int64_t, uint8_t*) { return 0; }
+bool affine_u8_vector(const uint8_t*, int64_t, int64_t, int64_t, const float*, const float*, float, float,
+                      uint8_t*) {
+  return false;
+}
+bool mul_u8_vector(const uint8_t*, const uint8_t*, int64_t, float, float, float, float, uint8_t*) { return false; }
 
 #endif
 

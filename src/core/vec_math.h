@@ -30,4 +30,25 @@ int64_t quantize_u8_vector(const float* x, int64_t n, float inv_scale, float zer
 int64_t affine2_u8_vector(const uint8_t* x0, const uint8_t* x1, int64_t n, float a, float b, float c,
                           uint8_t lo, uint8_t hi, uint8_t* y);
 
+// y[i] = lut[x[i]] (a u8 activation's 256-entry table; x and y may be the same
+// array) for a prefix of the n values: returns its length (all n with AVX-512
+// VBMI, 0 without); the caller does the rest.
+int64_t lut_u8_vector(const uint8_t* lut, const uint8_t* x, int64_t n, uint8_t* y);
+
+// y = round_u8((x - zx) m[c] + b[c], zy) over outer x channels x inner values,
+// channel c's m[c] and b[c] for each run of inner values (inner = 1: NHWC rows
+// of channels); b may be NULL (no shift). round_u8 is graph.cc's: round half to
+// even, + zy, clamped to [0, 255]; the same float operations in the same
+// order as graph.cc's scalar loop (a product, then a sum: no FMA), so the same
+// values. True when done (AVX-512F with BW and VL, for the masked byte loads),
+// false, and nothing written, without.
+bool affine_u8_vector(const uint8_t* x, int64_t outer, int64_t channels, int64_t inner, const float* m,
+                      const float* b, float zx, float zy, uint8_t* y);
+
+// y[i] = round_u8((x0[i] - z0) (x1[i] - z1) k, zy) (an equal-shape u8 mul;
+// the same operations as graph.cc's scalar loop): true when done (as
+// affine_u8_vector), false without the ISA.
+bool mul_u8_vector(const uint8_t* x0, const uint8_t* x1, int64_t n, float z0, float z1, float k, float zy,
+                   uint8_t* y);
+
 }  // namespace qpack

@@ -2,13 +2,24 @@
 (src/core/vec_math.cc) where the CPU has AVX2 or AVX-512, within DESIGN.md's 1e-5 relative
 tolerance of PyTorch for every value, tail length and extreme input; NCHW <-> NHWC
 conversions at the graph's edges go by SSE2 blocks (4x4 floats, 16x16 bytes) with element
-loops at the edges of the blocks."""
+loops at the edges of the blocks. The u8 activation table (AVX-512 VBMI, 64 bytes a step), the
+per-channel u8 affine (BatchNorm the convolution cannot absorb, and the squeeze-excitation mul
+through the same kernel) and the equal-shape u8 mul (AVX-512, 16 values a step) with masked
+tails: each such node within one quantum of PyTorch given the node's own u8 inputs (the graph
+returns them too), and equal to the scalar loops (QPACK_VEC_MATH=0) value for value."""
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
 
 import qpack
 from qpack.torch.graph import runner_of
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Act(nn.Module):
@@ -74,3 +85,171 @@ def test_nchw_input_to_pooling_int8(c, hw):
         ref, out = m(x), frozen(x)
     assert out.shape == ref.shape
     assert (out - ref).abs().max().item() <= 0.05 * ref.abs().max().item()
+
+
+# ---- u8 nodes: the activation table, the per-channel affine, the mul ------------------------
+
+def u8_nodes_match_torch(f, outs, kind, ref):
+    """Every `kind` node whose inputs and output the graph returns (dequantized): its output
+    within one quantum of ref(node, *float inputs) requantized to the output's parameters, on
+    the u8 codes the graph gave its inputs. Returns how many nodes it checked."""
+    spec = runner_of(f)._spec
+    vals = spec["values"]
+    deq = {n["output"]: n["inputs"][0] for n in spec["nodes"] if n["kind"] == "dequantize"}
+    held = {deq[o]: t for o, t in zip(spec["outputs"], outs)}
+    checked = 0
+    for n in spec["nodes"]:
+        if n["kind"] != kind or n["output"] not in held or any(v not in held for v in n["inputs"]):
+            continue
+        _, s, zp = vals[n["output"]]
+        want = torch.clamp(torch.round(ref(n, *[held[v].double() for v in n["inputs"]]) / s) + zp, 0, 255)
+        got = torch.round(held[n["output"]].double() / s) + zp
+        assert got.shape == want.shape
+        err = (got - want).abs().max().item()
+        assert err <= 1, (kind, err, int((got != want).sum()), got.numel())
+        checked += 1
+    return checked
+
+
+def freeze8(m, x):
+    calib = [torch.randn_like(x) for _ in range(2)] + [x]
+    f = qpack.freeze(m, dtype="int8", backend="onednn", example_inputs=calib, retain=False, progress=False)
+    # one graph whose outputs are the model's, in order (u8_nodes_match_torch pairs them)
+    assert runner_of(f) is not None and runner_of(f)._gm is None, qpack.graph_report(f)
+    return f
+
+
+class ActU8(nn.Module):
+    """conv -> act; returns both, so the activation's u8 input is known."""
+
+    def __init__(self, c, act):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 1)
+        self.act = act
+
+    def forward(self, x):
+        y = self.conv(x)
+        return y, self.act(y)
+
+
+ACTS = {"hardswish": nn.Hardswish(), "sigmoid": nn.Sigmoid(), "silu": nn.SiLU(), "gelu": nn.GELU()}
+
+
+@pytest.mark.parametrize("act", list(ACTS))
+@pytest.mark.parametrize("shape", [(1, 3, 1, 1), (1, 5, 3, 3), (2, 3, 7, 9), (1, 16, 37, 29)])
+def test_u8_activation_table_matches_torch(act, shape):
+    """3, 45, 378 and 17168 values: within, at and past the 64-byte steps, masked tails."""
+    m = ActU8(shape[1], ACTS[act]).eval()
+    x = torch.randn(*shape) * 3
+    f = freeze8(m, x)
+    with torch.no_grad():
+        outs = f(x)
+    fn = ACTS[act]
+    assert u8_nodes_match_torch(f, outs, "activation", lambda n, a: fn(a)) == 1
+
+
+class SEU8(nn.Module):
+    """conv -> relu (big), squeeze-excitation scale (small, [N, C, 1, 1]), big * small, and
+    an equal-shape product big * sigmoid(conv2(big)); returns every operand."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.conv2 = nn.Conv2d(c, c, 1)
+        self.fc = nn.Conv2d(c, c, 1)
+        self.gate = nn.Hardsigmoid()
+
+    def forward(self, x):
+        big = torch.relu(self.conv(x))
+        small = self.gate(self.fc(big.mean((2, 3), keepdim=True)))
+        other = torch.sigmoid(self.conv2(big))
+        return big, small, other, big * small, big * other  # the order the graph emits them
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("c,hw", [(3, (5, 7)), (17, (9, 4)), (240, (14, 14)), (16, (1, 1))])
+def test_u8_mul_matches_torch(layout, c, hw):
+    """The per-channel mul ([N, C, H, W] by [N, C, 1, 1]; C off and on the 16-lane vectors)
+    and the equal-shape mul, on NCHW and channels-last inputs."""
+    torch.manual_seed(c)
+    m = SEU8(c).eval()
+    x = torch.randn(2, c, *hw)
+    f = freeze8(m, x)
+    if layout == "nhwc":
+        x = x.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        outs = f(x)
+        ref = m(x)
+    assert u8_nodes_match_torch(f, outs, "mul", lambda n, a, b: a * b) == 2
+    for o, r in zip(outs, ref):  # and the model: a few quanta of the int8 graph
+        assert (o - r).abs().max().item() <= 0.05 * r.abs().max().item() + 1e-6
+
+
+def affine_ref(n, a):
+    shape = [1, -1] + [1] * (a.dim() - 2)
+    return a * torch.from_numpy(n["scale"]).double().view(shape) + torch.from_numpy(n["shift"]).double().view(shape)
+
+
+class BNU8(nn.Module):
+    """conv -> relu -> BatchNorm (not folded into the convolution: an affine node), 2-D or 1-D."""
+
+    def __init__(self, c, dims):
+        super().__init__()
+        conv, bn = (nn.Conv2d, nn.BatchNorm2d) if dims == 2 else (nn.Conv1d, nn.BatchNorm1d)
+        self.conv = conv(c, c, 3, padding=1)
+        self.bn = bn(c)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 2.0)
+            self.bn.weight.uniform_(-2.0, 2.0)
+            self.bn.bias.uniform_(-1.0, 1.0)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        return y, self.bn(y)
+
+
+@pytest.mark.parametrize("c,size", [(3, (5, 7)), (17, (9, 4)), (72, (14, 14)), (16, (3, 3)),
+                                    (5, (37,)), (24, (16,))])
+def test_u8_affine_matches_torch(c, size):
+    """NHWC rows of C channels (rank 4) and runs of L values per channel (rank 3, [N, C, L])."""
+    torch.manual_seed(c)
+    m = BNU8(c, len(size)).eval()
+    x = torch.randn(2, c, *size)
+    f = freeze8(m, x)
+    with torch.no_grad():
+        outs = f(x)
+    assert u8_nodes_match_torch(f, outs, "affine", affine_ref) == 1
+
+
+_SCALAR_VS_VECTOR = """
+import json, sys, torch, qpack
+import test_graph_vector as T
+torch.manual_seed(0)
+out = {}
+for name, m, x in [
+        ("act", T.ActU8(5, torch.nn.Hardswish()), torch.randn(2, 5, 13, 11) * 3),
+        ("mul", T.SEU8(17), torch.randn(2, 17, 9, 7)),
+        ("affine", T.BNU8(19, 2), torch.randn(2, 19, 6, 5)),
+        ("affine1d", T.BNU8(5, 1), torch.randn(2, 5, 37))]:
+    f = T.freeze8(m.eval(), x)
+    with torch.no_grad():
+        out[name] = [t.flatten().tolist() for t in f(x)]
+json.dump(out, sys.stdout)
+"""
+
+
+def test_u8_scalar_loops_give_the_vector_values():
+    """QPACK_VEC_MATH=0 (the scalar loops) and the vector code: the same graphs (same seed,
+    same calibration) give the same outputs, value for value."""
+    runs = []
+    for flag in ("0", "1"):
+        env = dict(os.environ, QPACK_VEC_MATH=flag)
+        env["PYTHONPATH"] = os.pathsep.join([HERE, env.get("PYTHONPATH", "")])
+        r = subprocess.run([sys.executable, "-c", _SCALAR_VS_VECTOR], env=env, capture_output=True, text=True,
+                           cwd="/tmp")
+        assert r.returncode == 0, r.stderr
+        runs.append(json.loads(r.stdout))
+    assert runs[0].keys() == runs[1].keys()
+    for name in runs[0]:
+        assert runs[0][name] == runs[1][name], name
