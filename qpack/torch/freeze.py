@@ -309,7 +309,8 @@ def _activation_of(node, cur, modules):
 
 
 def _analyze(model, rules):
-    """{id(layer): (bn, activation)} and the modules that become Identity, from an fx trace."""
+    """{id(layer): (bn, activation)}, the modules that become Identity, and the layers
+    whose tensors the forward reads itself (left unfrozen), from an fx trace."""
     class Tracer(torch.fx.Tracer):
         # every type with a rule is a leaf, so user-registered layers show up as calls
         def is_leaf_module(self, m, qualname):
@@ -318,6 +319,7 @@ def _analyze(model, rules):
     graph = Tracer().trace(model)
     modules = dict(model.named_modules(remove_duplicate=False))
     calls = collections.Counter()
+    keep = set()
     for n in graph.nodes:
         if n.op == "call_module":
             calls[id(modules[n.target])] += 1
@@ -326,6 +328,11 @@ def _analyze(model, rules):
             obj = modules.get(n.target)
             if obj is not None:
                 calls[id(obj)] += 2
+            # a layer's own weight read by the forward (torchvision's Swin passes qkv.weight
+            # to a function): the layer stays as it is
+            owner = modules.get(n.target.rpartition(".")[0])
+            if owner is not None and owner is not model and type(owner) in rules and obj is None:
+                keep.add(id(owner))
     plan, drop = {}, {}
     for n in graph.nodes:
         if n.op != "call_module":
@@ -356,21 +363,21 @@ def _analyze(model, rules):
             plan[id(mod)] = (bn, act)
             for d in dropped:
                 drop.setdefault(id(mod), []).append(d)
-    return plan, drop
+    return plan, drop, keep
 
 
 def _analyze_parts(model, rules):
     """_analyze over the largest submodules that trace, when ``model`` does not; a
     layer seen in more than one of them is left alone (the parent's own code may
     pass it between them)."""
-    plan, drop, seen = {}, {}, collections.Counter()
+    plan, drop, keep, seen = {}, {}, set(), collections.Counter()
 
     def walk(mod):
         for child in mod.children():
             if type(child) in rules or not any(type(m) in rules for m in child.modules()):
                 continue
             try:
-                p, d = _analyze(child, rules)
+                p, d, k = _analyze(child, rules)
             except Exception:  # noqa: BLE001 - untraceable: its children may trace
                 walk(child)
                 continue
@@ -378,12 +385,13 @@ def _analyze_parts(model, rules):
                 seen[key] += 1
             plan.update(p)
             drop.update(d)
+            keep.update(k)
 
     walk(model)
     for key in [k for k, n in seen.items() if n > 1]:
         plan.pop(key, None)
         drop.pop(key, None)
-    return plan, drop
+    return plan, drop, keep
 
 
 # ---- calibration (static int8) ---------------------------------------------------------
@@ -777,19 +785,19 @@ def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fu
         rules.update(mapping)
     rules.update(_subclass_rules(model, rules))
 
-    plan, drop = {}, {}
+    plan, drop, keep = {}, {}, set()
     if fuse:
         try:
-            plan, drop = _analyze(model, rules)
+            plan, drop, keep = _analyze(model, rules)
         except Exception as e:  # noqa: BLE001 - any tracing failure means: no fusion
             reason = f"{type(e).__name__}: {e}".splitlines()[0][:200]
-            plan, drop = _analyze_parts(model, rules)
+            plan, drop, keep = _analyze_parts(model, rules)
             where = "only inside the submodules that trace" if plan else "without BatchNorm folding or activation fusion"
             warnings.warn(
                 f"qpack.freeze: torch.fx could not trace {type(model).__name__} ({reason}); swapping layers "
                 f"{where}", FreezeWarning, stacklevel=3)
 
-    seen, layers = set(), []
+    seen, layers = set(keep), []
     for m in model.modules():
         if type(m) in rules and id(m) not in seen:
             seen.add(id(m))

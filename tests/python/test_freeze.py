@@ -711,3 +711,24 @@ def test_torch_eager_ptq_conv_model(engine):
         f = qpack.freeze(model)
         assert isinstance(f.conv, FrozenConv2d) and f.conv.mode == "int8_static"
         assert float((f(x) - ref).abs().max()) <= 1.01 * model.conv.scale
+
+
+class ReadsItsWeight(nn.Module):
+    """torchvision's Swin: the forward passes a Linear's weight to a function."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.proj(F.linear(x, self.qkv.weight, self.qkv.bias).relu())
+
+
+@pytest.mark.parametrize("retain", [True, False])
+def test_a_layer_whose_weight_the_forward_reads_stays_as_it_is(retain):
+    model = ReadsItsWeight().eval()
+    f = qpack.freeze(model, retain=retain)
+    assert type(f.qkv) is nn.Linear and isinstance(f.proj, FrozenLinear)
+    assert f.qkv.weight.data_ptr() != model.qkv.weight.data_ptr()  # still a snapshot
+    x = torch.randn(3, 8)
+    close(f(x), model(x))
