@@ -1380,16 +1380,19 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
         const Q qi{iv.scale, iv.zero_point};
         const bool requant = u8 && !(iv.scale == yv.scale && iv.zero_point == yv.zero_point);
         const int64_t run = c2 * inner;
-        for (int64_t o = 0; o < outer; ++o) {
-          const uint8_t* src = ptrs[v] + static_cast<size_t>(o * run) * es;
-          uint8_t* dst = y + static_cast<size_t>(o * channels * inner + at * inner) * es;
-          if (!requant) {
-            std::memcpy(dst, src, static_cast<size_t>(run) * es);
-          } else {
-            const float m = qi.scale / qy.scale, zi = static_cast<float>(qi.zp), zy = static_cast<float>(qy.zp);
-            for (int64_t k = 0; k < run; ++k) dst[k] = round_u8((static_cast<float>(src[k]) - zi) * m, zy);
+        const float m = qi.scale / qy.scale, zi = static_cast<float>(qi.zp), zy = static_cast<float>(qy.zp);
+        // each of the outer runs copied, or requantized as one channel of run values (affine_u8)
+        parallel_range(outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(run, 1)), [&](int64_t b, int64_t e) {
+          for (int64_t o = b; o < e; ++o) {
+            const uint8_t* src = ptrs[v] + static_cast<size_t>(o * run) * es;
+            uint8_t* dst = y + static_cast<size_t>(o * channels * inner + at * inner) * es;
+            if (!requant) {
+              std::memcpy(dst, src, static_cast<size_t>(run) * es);
+            } else {
+              affine_u8(src, 1, 1, run, &m, nullptr, zi, zy, dst);
+            }
           }
-        }
+        });
         at += c2;
       }
       return;
