@@ -214,6 +214,7 @@ cdef extern from "qpack/qpack.h" nogil:
         QPACK_NODE_PRELU
         QPACK_NODE_RESIZE_NEAREST
         QPACK_NODE_RESIZE_BILINEAR
+        QPACK_NODE_CHANNEL_RANGE
 
     ctypedef enum qpack_activation:
         QPACK_ACT_NONE

@@ -144,6 +144,7 @@ class _Lowering:
         self.layers = []     # the frozen layers the graph holds, in node order
         self.qp = {}         # value -> (scale, zero_point) of the u8 values a torch.ao model defines
         self.output_is_tuple = False
+        self._order = None     # fx node -> position in the trace (write_is_seen)
 
     def new_value(self, fx_node):
         self.values.append(fx_node)
@@ -157,6 +158,20 @@ class _Lowering:
         if not isinstance(a, torch.fx.Node) or a not in self.value_of:
             raise Unsupported(f"argument {a!r}")
         return self.value_of[a]
+
+    def write_is_seen(self, node):
+        """True when an in-place ``node`` writes into a tensor (its first input, or what
+        that input is a view or alias of) that an op after it reads: the core's
+        functional version would not show the write there."""
+        if self._order is None:
+            self._order = {n: i for i, n in enumerate(self.gm.graph.nodes)}
+        at = self._order[node]
+        t = node.args[0] if node.args else None
+        while isinstance(t, torch.fx.Node):
+            if any(u is not node and self._order.get(u, -1) > at for u in t.users):
+                return True
+            t = t.args[0] if _is_alias(t, self.modules) and t.args else None
+        return False
 
     def snapshot(self):
         return (len(self.values), len(self.nodes), len(self.inputs), len(self.layers), dict(self.value_of),
@@ -178,6 +193,8 @@ class _Lowering:
 
     def lower_node(self, node):
         m = self.modules.get(node.target) if node.op == "call_module" else None
+        if _in_place(node, self.modules) and self.write_is_seen(node):
+            raise Unsupported("an in-place op whose write a later op reads (through a view or an alias)")
         if (m is not None and isinstance(m, _IDENTITY_MODULES)) or self.is_eval_dropout(node):
             self.value_of[node] = self.arg(node.args[0])
             return
@@ -289,6 +306,10 @@ class _Lowering:
             x, parts, index, groups = node.args
             self.emit_checked(node, "channels", [x], kernel=(parts, index), stride=(groups, 1))
             return
+        if node.op == "call_function" and node.target is channel_range:
+            x, first, count = node.args
+            self.emit_checked(node, "channel_range", [x], kernel=(first, count))
+            return
         if node.op == "call_function" and node.target is torch.cat:
             tensors = node.args[0]
             dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
@@ -340,7 +361,7 @@ class _Lowering:
         raise Unsupported(f"{node.op} {node.target}")
 
     # ops that keep their input's torch.ao qparams (what PyTorch's quantized kernels do)
-    _KEEPS_QPARAMS = ("activation", "maxpool2d", "avgpool2d", "global_avgpool", "flatten", "channels",
+    _KEEPS_QPARAMS = ("activation", "maxpool2d", "avgpool2d", "global_avgpool", "flatten", "channels", "channel_range",
                       "adaptive_avgpool2d", "resize_nearest", "resize_bilinear")
 
     def constant(self, a):
@@ -480,6 +501,13 @@ def channel_part(x, parts, index, groups):
     return x
 
 
+def channel_range(x, first, count):
+    """``x[:, first:first + count]`` (a slice of channels, or a part of an uneven
+    ``torch.split`` along dim 1): what canonicalize() rewrites those spellings to;
+    the core runs it as one ``channel_range`` node."""
+    return x[:, first:first + count]
+
+
 def resize_like(x, like, mode, align_corners):
     """``F.interpolate(x, size=like.shape[-2:], ...)``: what canonicalize() rewrites
     that spelling (torchvision's FPN) to; the core runs it as a resize node whose
@@ -569,7 +597,7 @@ _RANK4_MODULES = (FrozenConv2d, nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.AvgP
 _RANK3_MODULES = (FrozenConv1d, nn.Conv1d, nn.MaxPool1d, nn.AvgPool1d, nn.AdaptiveAvgPool1d)
 _SAME_RANK_FUNCS = {F.relu, torch.relu, F.relu_, torch.relu_, F.relu6, F.hardtanh, F.hardtanh_, F.hardswish,
                     torch.sigmoid, F.silu, F.gelu, F.hardsigmoid, F.leaky_relu, torch.tanh, F.dropout, F.dropout2d,
-                    F.layer_norm, F.interpolate, F.max_pool2d, F.avg_pool2d, torch.clamp, channel_part,
+                    F.layer_norm, F.interpolate, F.max_pool2d, F.avg_pool2d, torch.clamp, channel_part, channel_range,
                     operator.add, operator.iadd, torch.add, operator.mul, operator.imul, torch.mul,
                     operator.sub, operator.isub, torch.sub, operator.truediv, operator.itruediv, torch.div, torch.cat}
 _SAME_RANK_METHODS = {"relu", "relu_", "sigmoid", "clamp", "clamp_", "contiguous", "add", "add_", "mul", "mul_",
@@ -655,6 +683,89 @@ class _Shapes:
         return [a if isinstance(a, int) else self.sym.get(a, "?") for a in shape]
 
 
+_INPLACE_FUNCS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.setitem}
+# ops whose result may be their first input itself or a view of it (PyTorch's)
+_ALIAS_FUNCS = {operator.getitem, torch.flatten, torch.reshape, torch.narrow, torch.transpose, torch.permute,
+                torch.squeeze, torch.unsqueeze, torch.chunk, torch.split, F.dropout, F.dropout2d}
+_ALIAS_METHODS = {"view", "view_as", "reshape", "reshape_as", "flatten", "squeeze", "unsqueeze", "transpose",
+                  "permute", "narrow", "expand", "expand_as", "contiguous", "chunk", "split", "t", "float", "detach"}
+
+
+def _in_place(node, modules):
+    """True when ``node`` may write into its first input (x += y, x[...] = y, relu_(),
+    inplace=True)."""
+    if node.op == "call_function":
+        return node.target in _INPLACE_FUNCS or node.kwargs.get("inplace") is True or any(
+            a is True for a in node.args[1:])
+    if node.op == "call_method":
+        return node.target.endswith("_") or node.kwargs.get("inplace") is True
+    return node.op == "call_module" and getattr(modules.get(node.target), "inplace", False) is True
+
+
+def _is_alias(node, modules):
+    """True when ``node``'s value may be its first input or a view of it."""
+    if node.op == "call_function":
+        return node.target in _ALIAS_FUNCS or node.target in (channel_part, channel_range) or _in_place(node, modules)
+    if node.op == "call_method":
+        return node.target in _ALIAS_METHODS or _in_place(node, modules)
+    return node.op == "call_module" and (isinstance(modules.get(node.target), _IDENTITY_MODULES + (nn.Flatten,))
+                                         or _in_place(node, modules))
+
+
+def _mutated(node, modules):
+    """True when an op may write into ``node``'s value in place: a slice of it, a
+    view in PyTorch, would see the write."""
+    return any(_in_place(u, modules) for u in node.users)
+
+
+def _channel_slice(node, modules):
+    """(first, count) of x[:, a:b] (trailing dims whole) on a value of known rank
+    and channels that nothing writes in place, else None."""
+    x, idx = node.args if len(node.args) == 2 else (None, None)
+    if not isinstance(x, torch.fx.Node) or not isinstance(idx, tuple) or len(idx) < 2:
+        return None
+    r, c = rank_of(x), channels_of(x)
+    s = idx[1]
+    if (r is None or c is None or len(idx) > r or idx[0] != slice(None) or any(i != slice(None) for i in idx[2:])
+            or not isinstance(s, slice) or s.step not in (None, 1)
+            or not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in (s.start, s.stop))):
+        return None
+    first, stop, _ = s.indices(c)
+    if stop <= first or _mutated(node, modules) or _mutated(x, modules):
+        return None
+    return first, stop - first
+
+
+def _split_parts(node, modules):
+    """{getitem user: (first, count)} of torch.split(x, sizes, 1) / x.split(...)
+    along the channels of a value of known channels, all of whose users take
+    one part by index; else None."""
+    if not ((node.op == "call_method" and node.target == "split") or (
+            node.op == "call_function" and node.target is torch.split)) or not node.args:
+        return None
+    x = node.args[0]
+    sizes = node.args[1] if len(node.args) > 1 else node.kwargs.get(
+        "split_size_or_sections", node.kwargs.get("split_size"))
+    if not isinstance(x, torch.fx.Node):
+        return None
+    c, dim = channels_of(x), _norm_dim(_dim_arg(node, 2, "dim", 0), rank_of(x))
+    if dim != 1 or c is None or set(node.kwargs) - {"dim", "split_size_or_sections", "split_size"}:
+        return None
+    if isinstance(sizes, int) and not isinstance(sizes, bool) and sizes >= 1:
+        sizes = [sizes] * (c // sizes) + ([c % sizes] if c % sizes else [])
+    if not (isinstance(sizes, (list, tuple)) and sizes and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in sizes) and sum(sizes) == c):
+        return None
+    users = list(node.users)
+    if not users or not all(u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int)
+                            and 0 <= u.args[1] < len(sizes) and not _mutated(u, modules) for u in users):
+        return None
+    if _mutated(x, modules):
+        return None
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    return {u: (offsets[u.args[1]], sizes[u.args[1]]) for u in users}
+
+
 def _only_user(node):
     users = list(node.users)
     return users[0] if len(users) == 1 else None
@@ -735,6 +846,8 @@ def _channels(node, modules):
     if node.op == "call_function" and node.target is channel_part:
         c = channels_of(x)
         return c // node.args[1] if c is not None and c % node.args[1] == 0 else None
+    if node.op == "call_function" and node.target is channel_range:
+        return node.args[2]
     if _scalar_affine(node) is not None:
         return channels_of(_scalar_affine(node)[0])
     if (node.op == "call_function" and node.target in _SAME_RANK_FUNCS - {torch.cat, F.layer_norm}) or (
@@ -987,6 +1100,18 @@ def canonicalize(gm):
                 g.erase_node(node)
                 erased.add(node)
                 continue
+        elif node.op == "call_function" and node.target is operator.getitem and _channel_slice(node, modules):
+            first, count = _channel_slice(node, modules)
+            new = replace(node, channel_range, (x, first, count))
+            new.meta["qpack_rank"], new.meta["qpack_channels"] = rank_of(x), count
+            continue
+        elif _split_parts(node, modules):
+            for u, (first, count) in _split_parts(node, modules).items():
+                new = replace(u, channel_range, (x, first, count))
+                new.meta["qpack_rank"], new.meta["qpack_channels"] = rank_of(x), count
+            g.erase_node(node)
+            erased.add(node)
+            continue
         elif node.op == "call_method" and node.target == "squeeze" and not node.kwargs and len(node.args) == 2:
             # [N, C, 1] -> [N, C], and [N, C, 1, 1] squeezed twice
             r, d = rank_of(x), _norm_dim(node.args[1], rank_of(x))
@@ -1145,7 +1270,7 @@ def value_qparams(seg, ranges):
     producer = {n["output"]: n for n in seg.nodes}
     for v, fx in enumerate(seg.values):
         n = producer.get(v)
-        if n is not None and n["kind"] in ("maxpool2d", "flatten", "channels", "resize_nearest"):
+        if n is not None and n["kind"] in ("maxpool2d", "flatten", "channels", "channel_range", "resize_nearest"):
             qp[v] = qp[n["inputs"][0]]
             continue
         if fx.name not in ranges:

@@ -58,6 +58,7 @@ const char* kind_name(qpack_node_kind k) {
     case QPACK_NODE_PRELU: return "prelu";
     case QPACK_NODE_RESIZE_NEAREST: return "resize_nearest";
     case QPACK_NODE_RESIZE_BILINEAR: return "resize_bilinear";
+    case QPACK_NODE_CHANNEL_RANGE: return "channel_range";
   }
   return "unknown";
 }
@@ -674,6 +675,7 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
       case QPACK_NODE_MAXPOOL2D:
       case QPACK_NODE_FLATTEN:
       case QPACK_NODE_CHANNELS:
+      case QPACK_NODE_CHANNEL_RANGE:
       case QPACK_NODE_RESIZE_NEAREST:
         expect_dtypes(x.dtype, x.dtype);
         check(same_qparams(x, y), QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind,
@@ -701,6 +703,12 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
                 n.kernel[1] < n.kernel[0] && n.stride[0] >= 1 && n.stride[0] <= (int64_t(1) << 24),
             QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
             " (channels) needs parts in [1, 2^24], a part index in [0, parts) and groups in [1, 2^24]");
+    }
+    if (n.kind == QPACK_NODE_CHANNEL_RANGE) {
+      check(n.kernel[0] >= 0 && n.kernel[0] < (int64_t(1) << 24) && n.kernel[1] >= 1 &&
+                n.kernel[1] <= (int64_t(1) << 24),
+            QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
+            " (channel_range) needs a first channel in [0, 2^24) and a count in [1, 2^24]");
     }
     if (resize) {
       const bool sized = n.kernel[0] >= 1 && n.kernel[0] <= (int64_t(1) << 20) && n.kernel[1] >= 1 &&
@@ -921,6 +929,11 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
       need_rank(x.rank >= 2 && x.d[1] % n.kernel[0] == 0 && (x.d[1] / n.kernel[0]) % n.stride[0] == 0,
                 "an input whose dim 1 divides into the parts, and each part into the groups");
       y.d[1] = x.d[1] / n.kernel[0];
+      return y;
+    case QPACK_NODE_CHANNEL_RANGE:
+      need_rank(x.rank >= 2 && n.kernel[0] + n.kernel[1] <= x.d[1],
+                "an input whose dim 1 holds the channel range");
+      y.d[1] = n.kernel[1];
       return y;
     case QPACK_NODE_AFFINE:
       need_rank(x.rank >= 2 && x.d[1] == static_cast<int64_t>(n.affine_scale.size()),
@@ -1485,11 +1498,13 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
         adaptive_avg_pool(xf, Q{1.0f, 0}, xs, ys, [](float v) { return v; }, yf);
       }
       return;
-    case QPACK_NODE_CHANNELS: {
+    case QPACK_NODE_CHANNELS:
+    case QPACK_NODE_CHANNEL_RANGE: {
       // per outer row: the part's channels, gathered in shuffled order (runs of `inner`)
       int64_t outer, channels, inner;
       split_channels(xs, &outer, &channels, &inner);
-      const int64_t P = ys.d[1], g = n.stride[0], first = n.kernel[1] * P;
+      const bool range = n.kind == QPACK_NODE_CHANNEL_RANGE;
+      const int64_t P = ys.d[1], g = range ? 1 : n.stride[0], first = range ? n.kernel[0] : n.kernel[1] * P;
       const size_t es = elem_size(xv.dtype), run = static_cast<size_t>(inner) * es;
       parallel_range(outer, 1, [&](int64_t b, int64_t e) {
         for (int64_t o = b; o < e; ++o) {

@@ -24,7 +24,7 @@ namespace qpack {
 
 // The last qpack_node_kind and qpack_activation (graph validation and model
 // files check against these: appending a kind changes them here only).
-constexpr qpack_node_kind kLastNodeKind = QPACK_NODE_RESIZE_BILINEAR;
+constexpr qpack_node_kind kLastNodeKind = QPACK_NODE_CHANNEL_RANGE;
 constexpr qpack_activation kLastActivation = QPACK_ACT_LEAKY_RELU;
 
 struct GraphValue {
@@ -40,6 +40,7 @@ struct GraphNode {
   std::shared_ptr<const Conv> conv;      // CONV2D, by reference
   std::shared_ptr<const Linear> linear;  // LINEAR, by reference
   // pools; CHANNELS: kernel = {parts, part index}, stride[0] = shuffle groups;
+  // CHANNEL_RANGE: kernel = {first channel, count};
   // ADAPTIVE_AVGPOOL2D: kernel = output {H, W}; RESIZE_*: kernel = output {H, W}
   // or {0, 0}, act_min / act_max = scale factors (H, W) or 0, ceil_mode = align_corners
   int64_t kernel[2] = {1, 1}, stride[2] = {1, 1}, pad[4] = {0, 0, 0, 0};  // t, l, b, r

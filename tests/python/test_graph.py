@@ -191,6 +191,7 @@ ONE_NODE = {
     "sigmoid": (lambda s, x: torch.sigmoid(s.mods[0](x)), lambda: [nn.Conv2d(4, 4, 1)]),
     "affine": (lambda s, x: s.mods[1](F.relu(s.mods[0](x))), lambda: [nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4)]),
     "linear": (lambda s, x: s.mods[1](torch.flatten(s.mods[0](x), 1)), lambda: [nn.Conv2d(4, 2, 1), nn.Linear(50, 7)]),
+    "channel_range": (lambda s, x: s.mods[1](s.mods[0](x)[:, 1:4]), lambda: [nn.Conv2d(4, 6, 1), nn.Conv2d(3, 4, 1)]),
 }
 
 
@@ -272,6 +273,8 @@ def per_edge_reference(f, x):
             r = torch.flatten(a, 1)
         elif k == "channels":
             r = G.channel_part(a, n["kernel"][0], n["kernel"][1], n["stride"][0])
+        elif k == "channel_range":
+            r = a[:, n["kernel"][0]:n["kernel"][0] + n["kernel"][1]]
         elif k == "concat":
             r = torch.cat([d(v) for v in ins], 1)
         elif k == "affine":
@@ -391,6 +394,10 @@ GRAPH_ERRORS = [
      [0], [1], qpack.InvalidArgumentError, "keeps its input's u8 parameters"),
     ([("f32", 0, 0), ("f32", 0, 0)], [dict(kind="add", inputs=[0], output=1)],
      [0], [1], qpack.InvalidArgumentError, "takes 2 input"),
+    ([("f32", 0, 0), ("f32", 0, 0)], [dict(kind="channel_range", inputs=[0], output=1, kernel=(2, 0))],
+     [0], [1], qpack.InvalidArgumentError, "count in"),
+    ([("u8", 0.1, 0), ("u8", 0.2, 0)], [dict(kind="channel_range", inputs=[0], output=1, kernel=(0, 1))],
+     [0], [1], qpack.InvalidArgumentError, "keeps its input's u8 parameters"),
 ]
 
 
@@ -885,5 +892,61 @@ def test_stochastic_depth_in_eval_is_an_identity_in_the_graph():
     f = qpack.freeze(model)
     assert G.runner_of(f).num_segments == 1 and G.runner_of(f)._gm is None
     x = torch.randn(2, 4, 6, 5)
+    with torch.no_grad():
+        close(f(x), model(x))
+
+
+class SlicesAndSplits(nn.Module):
+    """GhostNet's x[:, :c] of a concat, MixNet's uneven torch.split (sections and an
+    int size with a remainder) into convolutions, ReXNet's partial residual spelled
+    with a concat, and a slice written in place (stays in PyTorch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 5, 3, padding=1), nn.Conv2d(5, 5, 3, padding=1, groups=5)
+        self.mix = nn.ModuleList(nn.Conv2d(c, c, k, padding=k // 2, groups=c) for c, k in ((3, 3), (4, 5), (2, 7)))
+        self.c = nn.Conv2d(9, 7, 1)
+
+    def forward(self, x):
+        y = self.a(x)
+        y = torch.cat([y, self.b(y)], 1)[:, :9]                                  # ghost: 10 -> 9
+        sp = torch.split(y, [3, 4, 2], 1)
+        y = torch.cat([self.mix[i](sp[i]) for i in range(3)], 1)
+        parts = y.split(4, dim=1)                                                 # 4, 4, 1
+        y = torch.cat([parts[2], parts[0], F.relu(parts[1])], 1)
+        y = self.c(y)
+        y = torch.cat([y[:, 0:3] + x, y[:, 3:]], dim=1)                           # rexnet
+        return y
+
+
+class SliceWrittenInPlace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 6, 1), nn.Conv2d(6, 4, 1)
+
+    def forward(self, x):
+        y = self.a(x)
+        y[:, 0:3].add_(x)  # writes into y through the view
+        return self.b(y)
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_channel_slices_and_uneven_splits_run_in_the_graph(dtype):
+    torch.manual_seed(4)
+    model = SlicesAndSplits().eval()
+    x = torch.randn(2, 3, 9, 8)
+    f = qpack.freeze(model, **freeze_args(dtype, (2, 3, 9, 8)))
+    assert G.runner_of(f).num_segments == 1 and G.runner_of(f)._gm is None
+    assert qpack.graph_report(f).count("channel_range") == 9
+    with torch.no_grad():
+        err = rel_err(f(x), model(x))
+    assert err < (0.05 if dtype else 1e-5), err
+
+
+def test_a_slice_written_in_place_stays_in_pytorch():
+    model = SliceWrittenInPlace().eval()
+    f = qpack.freeze(model)
+    assert "channel_range" not in (qpack.graph_report(f) or "")
+    x = torch.randn(2, 3, 5, 4)
     with torch.no_grad():
         close(f(x), model(x))

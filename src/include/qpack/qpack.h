@@ -419,6 +419,8 @@ typedef enum qpack_node_kind {
                                     u8 qparams kept */
   QPACK_NODE_RESIZE_BILINEAR = 17, /* ceil_mode = align_corners: (dst + 0.5) in / out - 0.5
                                     (clamped at 0) when 0, dst (in - 1) / (out - 1) when 1 */
+  QPACK_NODE_CHANNEL_RANGE = 18, /* channels [kernel_h, kernel_h + kernel_w) along dim 1
+                                    (x[:, a:b], torch.split); u8 qparams kept */
 } qpack_node_kind;
 
 typedef enum qpack_activation {
