@@ -416,6 +416,21 @@ def test_channel_part_computes_chunk_and_shuffle():
             assert torch.equal(got, want), (parts, index, groups, layout)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "u8"])
+@pytest.mark.parametrize("channels", [2, 6, 32, 46, 78])
+def test_shuffle_in_two_groups_interleaves_the_halves(dtype, channels):
+    """The two-group shuffle's vector path (16 bytes / 4 floats per step) and its tail."""
+    g = torch.Generator().manual_seed(channels)
+    x = torch.randint(0, 256, (2, channels, 3, 2), generator=g, dtype=torch.uint8)
+    x = x.float() if dtype == "f32" else x
+    want = G.channel_part(x, 1, 0, 2)
+    value = ("f32", 0.0, 0) if dtype == "f32" else ("u8", 0.5, 3)
+    h = qpack._core.GraphHandle([value] * 2, [dict(kind="channels", inputs=[0], output=1, kernel=(1, 0),
+                                                   stride=(2, 1))], [0], [1])
+    got = torch.from_numpy(h.run([x.permute(0, 2, 3, 1).contiguous().numpy()], ["nhwc"], "nchw")[0])
+    assert torch.equal(got, want)
+
+
 def test_chunks_the_core_cannot_split_evenly_run_in_pytorch(tmp_path):
     """7 channels in 2 chunks (4 + 3): the graph's plan refuses, the layers run as PyTorch would."""
     class M(nn.Module):
