@@ -1,0 +1,105 @@
+"""Models of other packages (torchvision, timm) frozen fp32 and int8, against the peers.
+
+    .venv/bin/python bench/bench_zoo.py --lib DIR tv:mobilenet_v3_large timm:mixnet_s ...
+
+For each model (random weights given trained-like BatchNorm statistics,
+bench/models.py), 1 thread, one run: how many core graphs it freezes to, the
+fp32 error against eager, medians of qpack fp32 / int8 (oneDNN, calibrated on 4
+batches) against ONNX Runtime fp32 / static QDQ int8 and PyTorch FX PTQ (x86),
+the int8 errors against fp32 on 2 held-out batches (qpack vs FX PTQ), and the
+threads that worked in each timed block (bench/_timing.py).
+
+torchvision and timm are not qpack's dependencies, and PyPI's torchvision wheel
+does not import beside the CPU build of torch 2.13 ("operator torchvision::nms
+does not exist": its compiled ops are for another build). The models are plain
+Python, so install them apart and let this script import them with
+torchvision's fake-op registrations skipped:
+
+    .venv/bin/python -m pip install --no-deps --target DIR torchvision==0.28.0 timm==1.0.29 pillow
+"""
+import argparse
+import sys
+import tempfile
+import warnings
+
+import torch
+
+import qpack
+from _timing import timed
+from bench_models import OrtFiles, OrtModel, fx_ptq, set_threads
+from models import trained_like
+
+
+def import_zoo(lib):
+    if lib:
+        sys.path.insert(0, lib)
+    import torch.library as library
+    register_fake = library.register_fake
+    library.register_fake = lambda *a, **k: (lambda f: f)  # torchvision's ops: not used by the models
+    try:
+        import timm
+        import torchvision
+    finally:
+        library.register_fake = register_fake
+    return torchvision, timm
+
+
+def rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+def ms(fn, x):
+    with torch.inference_mode():
+        r = timed(lambda: fn(x), min_time=1.0, min_runs=10, max_runs=200, warmup=3)
+    return r.median_ms, r.threads_used
+
+
+def graphs(f):
+    report = qpack.graph_report(f) or "no graph"
+    return report.strip().splitlines()[-1].split(" nodes in ")[-1].split(";")[0]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("models", nargs="+", help="tv:NAME (torchvision) or timm:NAME")
+    p.add_argument("--lib", default=None, help="where torchvision and timm were installed (--target)")
+    args = p.parse_args()
+    torchvision, timm = import_zoo(args.lib)
+    warnings.filterwarnings("ignore")
+    head = ["model", "graphs", "fp32 err", "qpack fp32", "ORT fp32", "qpack int8", "ORT int8", "FX x86",
+            "int8 err qpack", "int8 err FX", "threads"]
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for spec in args.models:
+        src, name = spec.split(":")
+        model = torchvision.models.get_model(name) if src == "tv" else timm.create_model(name, pretrained=False)
+        size = 299 if "inception" in name else 224
+        model = trained_like(model.eval(), (2, 3, size, size))
+        g = torch.Generator().manual_seed(5)
+        x = torch.randn(1, 3, size, size, generator=g)
+        calib = [torch.randn(1, 3, size, size, generator=g) for _ in range(4)]
+        held = [torch.randn(2, 3, size, size, generator=g) for _ in range(2)]
+        set_threads(1)
+        with torch.inference_mode():
+            ref = model(x)
+            refs = [model(h) for h in held]
+        fp32 = qpack.freeze(model, progress=False)
+        int8 = qpack.freeze(model, dtype="int8", backend="onednn", example_inputs=calib, progress=False)
+        fx = fx_ptq(model, calib, "x86")
+        with torch.inference_mode():
+            err = rel(fp32(x), ref)
+            e8 = sum(rel(int8(h), r) for h, r in zip(held, refs)) / len(held)
+            efx = sum(rel(fx(h), r) for h, r in zip(held, refs)) / len(held)
+        t, used = {}, set()
+        with tempfile.TemporaryDirectory(prefix="qpack-zoo-") as d:
+            onnx = OrtFiles(model, x, calib, d)
+            for label, m in (("qpack fp32", fp32), ("ORT fp32", OrtModel(onnx.fp32(), 1)), ("qpack int8", int8),
+                             ("ORT int8", OrtModel(onnx.int8(), 1)), ("FX x86", fx)):
+                t[label], n = ms(m, x)
+                used.add(n)
+        cells = [spec, graphs(fp32), f"{err:.1e}"] + [f"{t[k]:.2f}" for k in head[3:8]] + [
+            f"{e8:.3f}", f"{efx:.3f}", "/".join(map(str, sorted(used)))]
+        print("| " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
