@@ -11,6 +11,8 @@ PyTorch between them. The model keeps its class and layers (saving,
 layers one by one as before.
 """
 import copy
+import functools
+import inspect
 import operator
 
 import numpy as np
@@ -691,12 +693,23 @@ _ALIAS_METHODS = {"view", "view_as", "reshape", "reshape_as", "flatten", "squeez
                   "permute", "narrow", "expand", "expand_as", "contiguous", "chunk", "split", "t", "float", "detach"}
 
 
+@functools.lru_cache(maxsize=None)
+def _inplace_position(fn):
+    """Where a function takes ``inplace`` positionally (F.relu(x, True): 1), or None."""
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names.index("inplace") if "inplace" in names else None
+
+
 def _in_place(node, modules):
     """True when ``node`` may write into its first input (x += y, x[...] = y, relu_(),
     inplace=True)."""
     if node.op == "call_function":
-        return node.target in _INPLACE_FUNCS or node.kwargs.get("inplace") is True or any(
-            a is True for a in node.args[1:])
+        at = _inplace_position(node.target)
+        return node.target in _INPLACE_FUNCS or node.kwargs.get("inplace") is True or (
+            at is not None and len(node.args) > at and node.args[at] is True)
     if node.op == "call_method":
         return node.target.endswith("_") or node.kwargs.get("inplace") is True
     return node.op == "call_module" and getattr(modules.get(node.target), "inplace", False) is True

@@ -950,3 +950,28 @@ def test_a_slice_written_in_place_stays_in_pytorch():
     x = torch.randn(2, 3, 5, 4)
     with torch.no_grad():
         close(f(x), model(x))
+
+
+class InPlaceFunctional(nn.Module):
+    """F.relu(x, inplace=True) writes into x, which the add reads after it: PyTorch adds the
+    rectified values; bilinear with align_corners=True positionally is not in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.a(x)
+        z = self.b(F.relu(y, inplace=True))
+        up = F.interpolate(z, None, 2.0, "bilinear", True)
+        return z + y, up
+
+
+def test_in_place_functional_ops_keep_pytorch_semantics():
+    model = InPlaceFunctional().eval()
+    f = qpack.freeze(model)
+    x = torch.randn(2, 3, 6, 5)
+    with torch.no_grad():
+        for got, want in zip(f(x), model(x)):
+            close(got, want)
+    assert "resize_bilinear" in qpack.graph_report(f)
