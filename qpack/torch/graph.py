@@ -10,6 +10,7 @@ PyTorch between them. The model keeps its class and layers (saving,
 ``GraphRunner``. Inputs the graph cannot take (other dtypes or ranks) run the
 layers one by one as before.
 """
+import collections
 import copy
 import functools
 import inspect
@@ -1340,6 +1341,7 @@ class Segment:
                 n["layer_index"] = self.layers.index(layer)
             nodes.append(n)
         inputs, outputs = list(low.inputs), list(low.outputs)
+        nodes = _fuse_conv_activations(nodes, values, outputs)
         if qparams is not None:
             f32_in = []
             for v in inputs:
@@ -1521,6 +1523,8 @@ class GraphRunner:
                         extra += " +bn"
                     if spec.get("activation") is not None:
                         extra += f" +{spec['activation']}"
+                    if n.get("activation"):  # an activation node fused into it (_fuse_conv_activations)
+                        extra += f" +{n['activation']}"
                     extra += f" packed={layer.nbytes_packed}B"
                 elif n.get("activation"):
                     extra = f" +{n['activation']}"
@@ -1553,6 +1557,32 @@ class GraphRunner:
 
     def __deepcopy__(self, memo):
         return GraphRunner(copy.deepcopy(self._model_ref, memo), copy.deepcopy(self._qparams, memo))
+
+
+# activations oneDNN applies as a post-op of an f32 convolution (runtime.cc's eltwise_of)
+_CONV_POST_OPS = {"relu", "clamp", "hardswish", "hardsigmoid", "sigmoid", "silu", "gelu", "leaky_relu"}
+
+
+def _fuse_conv_activations(nodes, values, outputs):
+    """An f32 activation node whose input is an f32 conv2d's output that nothing else
+    reads becomes that convolution's post-op (oneDNN's eltwise, applied before the
+    store: one pass over the activations less); the conv writes the activation's
+    output. int8 graphs keep the node (u8 activations are a 256-entry table)."""
+    readers = collections.Counter(v for n in nodes for v in n["inputs"])
+    producer = {n["output"]: n for n in nodes}
+    kept = []
+    for n in nodes:
+        p = producer.get(n["inputs"][0]) if n["kind"] == "activation" else None
+        v = n["inputs"][0]
+        if (p is not None and p["kind"] == "conv2d" and "layer_index" in p and p.get("activation") is None
+                and n.get("activation") in _CONV_POST_OPS and readers[v] == 1 and v not in outputs
+                and values[v][0] == "f32" and values[n["output"]][0] == "f32"):
+            p.update(activation=n["activation"], act_min=n.get("act_min", 0.0), act_max=n.get("act_max", 0.0),
+                     output=n["output"])
+            producer[n["output"]] = p
+            continue
+        kept.append(n)
+    return kept
 
 
 def _torch_segment(gm, seg, replaced):

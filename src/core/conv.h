@@ -31,10 +31,15 @@ struct ConvSpec : OpSpec {
   void output_size(int64_t H, int64_t W, int64_t* OH, int64_t* OW) const;
 };
 
-// One run's geometry: batch, input size, memory layouts of x and y.
+// One run's geometry: batch, input size, memory layouts of x and y; for f32
+// runs an activation applied after the layer's own (a frozen graph's
+// activation node fused into the convolution; act_min / act_max as the
+// graph node's: clamp bounds, leaky_relu's slope).
 struct ConvShape {
   int64_t N, H, W, OH, OW;
   qpack_layout x_layout, y_layout;
+  qpack_activation post_act = QPACK_ACT_NONE;
+  float post_min = 0.0f, post_max = 0.0f;
 };
 
 // A backend's packed convolution weights; run entry points as LinearKernel's.
@@ -47,6 +52,8 @@ class ConvKernel : public Kernel {
   void run_u8(const ConvShape& s, const uint8_t* x, float input_scale, int32_t input_zero_point,
               uint8_t* y) const;
   const ConvSpec& spec() const { return spec_; }
+  // Whether run_f32 applies `act` as ConvShape::post_act (none: every kernel).
+  virtual bool fuses_f32(qpack_activation act) const { return act == QPACK_ACT_NONE; }
 
  protected:
   explicit ConvKernel(const ConvSpec& spec) : spec_(spec) {}

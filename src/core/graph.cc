@@ -766,7 +766,14 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
         check(std::isfinite(a), QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (prelu): slopes must be finite");
       }
     }
-    if (n.kind == QPACK_NODE_ADD || n.kind == QPACK_NODE_ACTIVATION) {
+    if (n.kind == QPACK_NODE_CONV2D && n.act != QPACK_ACT_NONE) {
+      // an activation fused after the layer's own: f32, where the kernel applies it
+      check(y.dtype == QPACK_DTYPE_F32 && n.conv->kernel().fuses_f32(n.act), QPACK_STATUS_INVALID_ARGUMENT,
+            "node ", i, " (conv2d): activation ", static_cast<int>(n.act),
+            " after the convolution is for f32 convolutions that fuse it (oneDNN's)");
+    }
+    if (n.kind == QPACK_NODE_ADD || n.kind == QPACK_NODE_ACTIVATION ||
+        (n.kind == QPACK_NODE_CONV2D && n.act != QPACK_ACT_NONE)) {
       check(n.act >= QPACK_ACT_NONE && n.act <= kLastActivation, QPACK_STATUS_INVALID_ARGUMENT,
             "node ", i, " (", kind, ") has an unknown activation ", static_cast<int>(n.act));
       if (n.act == QPACK_ACT_LEAKY_RELU) {
@@ -1256,7 +1263,11 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       if (u8) {
         n.conv->kernel().run_u8(s, x, qx.scale, qx.zp, y);
       } else {
-        n.conv->kernel().run_f32(s, xf, yf);
+        ConvShape fused = s;
+        fused.post_act = n.act;
+        fused.post_min = n.act_min;
+        fused.post_max = n.act_max;
+        n.conv->kernel().run_f32(fused, xf, yf);
       }
       return;
     }

@@ -975,3 +975,57 @@ def test_in_place_functional_ops_keep_pytorch_semantics():
         for got, want in zip(f(x), model(x)):
             close(got, want)
     assert "resize_bilinear" in qpack.graph_report(f)
+
+
+class ConvThenAct(nn.Module):
+    """A convolution, then an activation: fused into the f32 convolution as a post-op
+    where nothing else reads the convolution's output."""
+
+    def __init__(self, act):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+        self.act = act
+
+    def forward(self, x):
+        y = self.act(self.c1(x))
+        z = self.c2(y)
+        return torch.sigmoid(z) + z  # z is read twice: its sigmoid stays a node
+
+
+@pytest.mark.parametrize("act", [nn.Hardswish(), nn.Hardsigmoid(), nn.Sigmoid(), nn.SiLU(), nn.GELU(),
+                                 nn.LeakyReLU(0.2), nn.ELU()], ids=lambda a: type(a).__name__)
+def test_f32_activation_after_a_conv_is_its_post_op(act):
+    torch.manual_seed(6)
+    model = ConvThenAct(act).eval()
+    x = torch.randn(2, 3, 9, 7)
+    f = qpack.freeze(model)
+    rep = qpack.graph_report(f)
+    fused = not isinstance(act, nn.ELU)  # oneDNN has an eltwise for each of the others; qpack's graph no ELU
+    if fused:
+        name = {"Hardswish": "hardswish", "Hardsigmoid": "hardsigmoid", "Sigmoid": "sigmoid", "SiLU": "silu",
+                "GELU": "gelu", "LeakyReLU": "leaky_relu"}[type(act).__name__]
+        assert f"c1 backend=onednn +{name} " in rep, rep
+        assert rep.count("activation") == 1, rep  # the sigmoid of z, read by the add beside z
+    with torch.no_grad():
+        close(f(x), model(x), 2e-6)
+    # int8 keeps the activation as a node (a 256-entry table)
+    q = qpack.freeze(model, **freeze_args("int8", (2, 3, 9, 7)))
+    if fused:
+        assert "+" + name not in qpack.graph_report(q).split("\n")[1]
+
+
+def test_a_conv_post_op_is_for_f32_convolutions():
+    model = ConvThenAct(nn.Hardswish()).eval()
+    f = qpack.freeze(model, **freeze_args("int8", (2, 3, 9, 7)))
+    seg = G.runner_of(f)._segments[0]
+    nodes = []
+    for src in seg.spec["nodes"]:
+        n = {k: v for k, v in src.items() if k not in ("layer", "layer_index")}
+        if "layer_index" in src:
+            n.update(op=seg.layers[src["layer_index"]]._packed._h, activation="hardswish")
+        nodes.append(n)
+    with pytest.raises(qpack.InvalidArgumentError, match="for f32 convolutions"):
+        _core.GraphHandle(seg.spec["values"], nodes, seg.spec["inputs"], seg.spec["outputs"])
+    x = torch.randn(2, 3, 9, 7)
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 0.05  # its own graph still builds and runs

@@ -136,9 +136,12 @@ class GeluMLP(nn.Module):
 
 @pytest.mark.parametrize("functional", [False, True])
 def test_conv_leaky_relu_conv_is_one_graph(functional):
-    check_both(ConvLeakyConv(functional).eval(), torch.randn(2, 3, 11, 9), ["activation"])
-    f = qpack.freeze(ConvLeakyConv(functional).eval(), progress=False)
-    assert "+leaky_relu" in qpack.graph_report(f)
+    model, x = ConvLeakyConv(functional).eval(), torch.randn(2, 3, 11, 9)
+    check_both(model, x, [])
+    f = qpack.freeze(model, progress=False)  # fp32: the convolution's post-op (oneDNN's eltwise)
+    assert "c1 backend=onednn +leaky_relu" in qpack.graph_report(f) and "activation" not in kinds(f)
+    f8 = qpack.freeze(model, dtype="int8", example_inputs=[x], backend=BACKENDS[0], progress=False)
+    assert "activation" in kinds(f8) and "+leaky_relu" in qpack.graph_report(f8)  # u8: a node
 
 
 @pytest.mark.parametrize("num_parameters", [1, 6])

@@ -116,6 +116,8 @@ struct Prim {
   std::shared_ptr<const Packed> weights;  // the layout this primitive was built for
   int64_t N, H, W;
   qpack_layout x_layout, y_layout;
+  qpack_activation post_act;  // f32: an activation after the layer's own, a post-op
+  float post_min, post_max;
   bool via_nhwc;  // reorder NCHW data to channels-last around the primitive
   dnnl::convolution_forward primitive;
   size_t scratch_size;
@@ -237,6 +239,12 @@ class OnednnConv final : public ConvKernel {
            (spec_.int8() ? spec_.weight_scales.size() * sizeof(float) : 0);
   }
 
+  bool fuses_f32(qpack_activation act) const override {
+    dnnl::algorithm alg;
+    float alpha, beta;
+    return act == QPACK_ACT_NONE || (!spec_.int8() && eltwise_of(act, 0.0f, 1.0f, &alg, &alpha, &beta));
+  }
+
  protected:
   void do_run_f32(const ConvShape& s, const float* x, float* y) const override {
     execute_conv(s, const_cast<float*>(x), y, nullptr);
@@ -321,13 +329,21 @@ class OnednnConv final : public ConvKernel {
     return memory::desc(wei_dims(), wei_dt(), grouped() ? tag::goihw : tag::oihw);
   }
 
+  // run: the shape's activation after the layer's own, as one more post-op (f32)
   dnnl::convolution_forward::primitive_desc make_pd(int64_t N, int64_t H, int64_t W, tag x_tag,
-                                                    tag y_tag,
-                                                    const memory::desc& wei_md) const {
+                                                    tag y_tag, const memory::desc& wei_md,
+                                                    const ConvShape* run = nullptr) const {
     int64_t OH, OW;
     spec_.output_size(H, W, &OH, &OW);
-    const auto attr = make_attr(quant_, spec_.per_channel() ? (grouped() ? 3 : 1) : 0,
-                                spec_.clamp_min, spec_.clamp_max);
+    auto attr = make_attr(quant_, spec_.per_channel() ? (grouped() ? 3 : 1) : 0,
+                          spec_.clamp_min, spec_.clamp_max);
+    dnnl::algorithm post;
+    float alpha, beta;
+    if (run != nullptr && eltwise_of(run->post_act, run->post_min, run->post_max, &post, &alpha, &beta)) {
+      dnnl::post_ops po = attr.get_post_ops();
+      po.append_eltwise(post, alpha, beta);
+      attr.set_post_ops(po);
+    }
     memory::desc src_md({N, spec_.IC, H, W}, act_dt(), x_tag);
     memory::desc dst_md({N, spec_.OC, OH, OW}, dst_dt(), y_tag);
     const memory::dims strides{spec_.stride_h, spec_.stride_w};
@@ -358,16 +374,16 @@ class OnednnConv final : public ConvKernel {
       const bool plain_nchw = s.x_layout == QPACK_LAYOUT_NCHW || s.y_layout == QPACK_LAYOUT_NCHW;
       if (plain_nchw) {
         try {
-          auto best = make_pd(s.N, s.H, s.W, layout_tag(s.x_layout), layout_tag(s.y_layout), any);
+          auto best = make_pd(s.N, s.H, s.W, layout_tag(s.x_layout), layout_tag(s.y_layout), any, &s);
           if (!is_reference(best) && best.weights_desc() == packed->md()) {
-            return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, false,
-                        dnnl::convolution_forward(best), best.scratchpad_desc().get_size()};
+            return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, s.post_act, s.post_min, s.post_max,
+                        false, dnnl::convolution_forward(best), best.scratchpad_desc().get_size()};
           }
         } catch (const dnnl::error&) {
           // fall through to the channels-last primitive
         }
       }
-      auto best = make_pd(s.N, s.H, s.W, tag::nhwc, tag::nhwc, any);
+      auto best = make_pd(s.N, s.H, s.W, tag::nhwc, tag::nhwc, any, &s);
       if (!(best.weights_desc() == packed->md())) {
         // Re-pack (copy-on-write) or, past kMaxRelayouts, keep a private copy.
         auto moved = relayout(best.weights_desc(), s);
@@ -379,8 +395,8 @@ class OnednnConv final : public ConvKernel {
         counters_.built();
         packed = moved;
       }
-      return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, plain_nchw,
-                  dnnl::convolution_forward(best), best.scratchpad_desc().get_size()};
+      return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, s.post_act, s.post_min, s.post_max,
+                  plain_nchw, dnnl::convolution_forward(best), best.scratchpad_desc().get_size()};
     } catch (const dnnl::error& e) {
       fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN has no convolution for input ", s.N, "x",
            spec_.IC, "x", s.H, "x", s.W, " with the packed weight layout: ", e.what());
@@ -392,7 +408,8 @@ class OnednnConv final : public ConvKernel {
     const auto held = prims_.get(
         [&s](const Prim& p) {
           return p.N == s.N && p.H == s.H && p.W == s.W && p.x_layout == s.x_layout &&
-                 p.y_layout == s.y_layout;
+                 p.y_layout == s.y_layout && p.post_act == s.post_act && p.post_min == s.post_min &&
+                 p.post_max == s.post_max;
         },
         [&] { return build(s, &relaid); },
         // Primitives built on a replaced layout are rebuilt on demand, so the

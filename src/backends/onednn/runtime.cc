@@ -156,6 +156,24 @@ dnnl::primitive_attr make_attr(Quant quant, int wei_scale_mask, float clamp_min,
   return attr;
 }
 
+bool eltwise_of(qpack_activation act, float lo, float hi, dnnl::algorithm* alg, float* alpha, float* beta) {
+  using a = dnnl::algorithm;
+  *alpha = 0.0f;
+  *beta = 0.0f;
+  switch (act) {
+    case QPACK_ACT_RELU: *alg = a::eltwise_relu; return true;
+    case QPACK_ACT_LEAKY_RELU: *alg = a::eltwise_relu; *alpha = lo; return true;
+    case QPACK_ACT_CLAMP: *alg = a::eltwise_clip; *alpha = lo; *beta = hi; return true;
+    // x * max(0, min(1, x / 6 + 1 / 2)) and max(0, min(1, x / 6 + 1 / 2))
+    case QPACK_ACT_HARDSWISH: *alg = a::eltwise_hardswish; *alpha = 1.0f / 6.0f; *beta = 0.5f; return true;
+    case QPACK_ACT_HARDSIGMOID: *alg = a::eltwise_hardsigmoid; *alpha = 1.0f / 6.0f; *beta = 0.5f; return true;
+    case QPACK_ACT_SIGMOID: *alg = a::eltwise_logistic; return true;
+    case QPACK_ACT_SILU: *alg = a::eltwise_swish; *alpha = 1.0f; return true;
+    case QPACK_ACT_GELU: *alg = a::eltwise_gelu_erf; return true;
+    default: return false;
+  }
+}
+
 dnnl::memory constant_f32(const float* values, int64_t count) {
   const dnnl::memory::desc md({count}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::a);
   return dnnl::memory(md, engine(), const_cast<float*>(values));

@@ -66,6 +66,11 @@ Quant quant_of(const OpSpec& spec, bool split);
 dnnl::primitive_attr make_attr(Quant quant, int wei_scale_mask, float clamp_min,
                                float clamp_max);
 
+// oneDNN's eltwise algorithm and (alpha, beta) for a qpack activation as the
+// graph computes it (lo / hi: clamp bounds, leaky_relu's slope); false for
+// none or one oneDNN has no eltwise for.
+bool eltwise_of(qpack_activation act, float lo, float hi, dnnl::algorithm* alg, float* alpha, float* beta);
+
 // Quantization parameters of one run.
 struct RunQuant {
   float src_scale;
