@@ -453,7 +453,8 @@ typedef struct qpack_graph_node {
   int ceil_mode;                /* pools; RESIZE_BILINEAR: align_corners */
   int count_include_pad;        /* AVGPOOL2D */
   int keepdim;                  /* GLOBAL_AVGPOOL */
-  qpack_activation activation;  /* ACTIVATION, ADD */
+  qpack_activation activation;  /* ACTIVATION, ADD; CONV2D with an f32 output: applied after the
+                                   layer's own, as the backend's post-op (oneDNN's eltwise) */
   float act_min, act_max;       /* QPACK_ACT_CLAMP; LEAKY_RELU: act_min; RESIZE_*: scales */
   const float* affine_scale;    /* AFFINE: [channels], copied; PRELU: the slopes */
   const float* affine_shift;
