@@ -381,7 +381,8 @@ inline void max_rows(const uint8_t* const* rows, int64_t count, int64_t C, uint8
     _mm_storeu_si128(reinterpret_cast<__m128i*>(o + c0 + 32), a2);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(o + c0 + 48), a3);
   }
-  for (; c0 + 16 <= C; c0 += 16) {
+  for (; c0 < C && C >= 16; c0 += 16) {
+    c0 = std::min(c0, C - 16);  // the last block overlaps the one before (a max again: the same bytes)
     __m128i a = load(rows[0] + c0);
     for (int64_t k = 1; k < count; ++k) a = _mm_max_epu8(a, load(rows[k] + c0));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(o + c0), a);
@@ -406,6 +407,12 @@ inline void max_rows(const float* const* rows, int64_t count, int64_t C, float* 
     _mm_storeu_ps(o + c0 + 4, a1);
     _mm_storeu_ps(o + c0 + 8, a2);
     _mm_storeu_ps(o + c0 + 12, a3);
+  }
+  for (; c0 < C && C >= 4; c0 += 4) {
+    c0 = std::min(c0, C - 4);  // the last block overlaps the one before (the same values again)
+    __m128 a = _mm_loadu_ps(rows[0] + c0);
+    for (int64_t k = 1; k < count; ++k) a = _mm_max_ps(_mm_loadu_ps(rows[k] + c0), a);
+    _mm_storeu_ps(o + c0, a);
   }
   max_rows_scalar(rows, count, c0, C, o);
 }

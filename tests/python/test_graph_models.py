@@ -683,3 +683,19 @@ def test_numbers_on_values_of_unknown_channels_stay_in_pytorch():
     x = torch.randn(3, 5)
     f = check_fp32(nn.Sequential(M(), nn.Linear(5, 2)).eval(), x, want=None)
     assert "affine" not in (qpack.graph_report(f) or "")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "u8"])
+@pytest.mark.parametrize("channels", [3, 5, 16, 24, 40, 70, 130])
+def test_max_pool_of_any_channel_count_matches_pytorch(dtype, channels):
+    """The pooling's vector blocks (64 / 16 bytes, 16 / 4 floats), the overlapping last
+    block and the scalar rest, against F.max_pool2d."""
+    g = torch.Generator().manual_seed(channels)
+    x = torch.randint(0, 256, (2, channels, 9, 8), generator=g, dtype=torch.uint8)
+    xf = x.float() if dtype == "f32" else x
+    value = ("f32", 0.0, 0) if dtype == "f32" else ("u8", 0.5, 3)
+    h = qpack._core.GraphHandle([value] * 2, [dict(kind="maxpool2d", inputs=[0], output=1, kernel=(3, 3),
+                                                   stride=(2, 2), padding=(1, 1, 1, 1))], [0], [1])
+    got = torch.from_numpy(h.run([xf.permute(0, 2, 3, 1).contiguous().numpy()], ["nhwc"], "nchw")[0])
+    want = F.max_pool2d(x.float(), 3, 2, 1)
+    assert torch.equal(got.float(), want)
