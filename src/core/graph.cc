@@ -1226,14 +1226,12 @@ void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* output
     const int v = outputs_[i];
     const Shape& s = plan->shapes[v];
     const size_t es = elem_size(values_[v].dtype);
-    // NHWC, or NCHW where it is a graph input read in place (plan->nchw)
+    // held NHWC, or NCHW where it is a graph input read in place (plan->nchw)
     const qpack_layout held = plan->nchw[v] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC;
-    if (s.rank == 4 && outputs[i].layout != held && held == QPACK_LAYOUT_NHWC) {
-      transpose_channels(ptrs[v], s.d[0], s.d[2] * s.d[3], s.d[1], es,
-                         static_cast<uint8_t*>(outputs[i].data));
-    } else if (s.rank == 4 && outputs[i].layout != held) {
-      transpose_channels(ptrs[v], s.d[0], s.d[1], s.d[2] * s.d[3], es,
-                         static_cast<uint8_t*>(outputs[i].data));
+    if (s.rank == 4 && outputs[i].layout != held) {  // [N, rows, cols] -> [N, cols, rows]
+      const bool nhwc = held == QPACK_LAYOUT_NHWC;
+      const int64_t hw = s.d[2] * s.d[3], c = s.d[1];
+      transpose_channels(ptrs[v], s.d[0], nhwc ? hw : c, nhwc ? c : hw, es, static_cast<uint8_t*>(outputs[i].data));
     } else if (s.numel() > 0) {
       std::memcpy(outputs[i].data, ptrs[v], static_cast<size_t>(s.numel()) * es);
     }

@@ -145,13 +145,26 @@ QPACK_AVX2 inline __m256 gelu256(__m256 x) {
   return _mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(0.5f)), f);
 }
 
+// The first min(left, 16) lanes.
+QPACK_AVX512 inline __mmask16 mask16(int64_t left) {
+  return left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+
+// graph.cc's round_u8 (and quant.cc's quantize): round half to even, + zy,
+// clamped to [0, 255], stored as bytes in the lanes of k
+QPACK_AVX512 inline void store_round_u8(__m512 v, __m512 zy, __mmask16 k, uint8_t* y) {
+  v = _mm512_add_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zy);
+  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), _mm512_set1_ps(255.0f));
+  _mm512_mask_cvtepi32_storeu_epi8(y, k, _mm512_cvttps_epi32(v));
+}
+
 // sigmoid(x) = 1 / (1 + exp(-x)); SiLU = x sigmoid(x); GELU
 template <qpack_activation kAct>
 QPACK_AVX512 void run512(const float* x, float* y, int64_t n) {
   const __m512 one = _mm512_set1_ps(1.0f);
   int64_t i = 0;
   for (; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 m = mask16(n - i);
     const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
     if (kAct == QPACK_ACT_GELU) {
       _mm512_mask_storeu_ps(y + i, m, gelu512(v));
@@ -194,14 +207,10 @@ bool run_vector(const float* x, float* y, int64_t n) {
 
 QPACK_AVX512 void quantize512(const float* x, int64_t n, float inv_scale, float zero_point, uint8_t* y) {
   const __m512 inv = _mm512_set1_ps(inv_scale), zp = _mm512_set1_ps(zero_point);
-  const __m512 lo = _mm512_setzero_ps(), hi = _mm512_set1_ps(255.0f);
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
     // round the scaled value, then add the zero point (as the scalar loop: exact)
-    __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    v = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(v, zp), lo), hi);
-    _mm512_mask_cvtepi32_storeu_epi8(y + i, m, _mm512_cvttps_epi32(v));
+    const __mmask16 m = mask16(n - i);
+    store_round_u8(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv), zp, m, y + i);
   }
 }
 
@@ -242,19 +251,8 @@ QPACK_AVX512VBMI void lut512(const uint8_t* lut, const uint8_t* x, int64_t n, ui
   }
 }
 
-QPACK_AVX512BW inline __mmask16 mask16(int64_t left) {
-  return left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
-}
-
 QPACK_AVX512BW inline __m512 load_u8(__mmask16 k, const uint8_t* x) {
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, x)));
-}
-
-// graph.cc's round_u8: round half to even, + zy, clamped to [0, 255]
-QPACK_AVX512BW inline void store_round_u8(__m512 v, __m512 zy, __mmask16 k, uint8_t* y) {
-  v = _mm512_add_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zy);
-  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), _mm512_set1_ps(255.0f));
-  _mm512_mask_cvtepi32_storeu_epi8(y, k, _mm512_cvttps_epi32(v));
 }
 
 // (x - zx) m + b as the scalar loop: a rounded product, then a rounded sum (the
