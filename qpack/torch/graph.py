@@ -330,9 +330,11 @@ class _Lowering:
                 parts = []
                 for k in range(0, len(ins), _MAX_NODE_INPUTS):
                     group = ins[k:k + _MAX_NODE_INPUTS]
-                    if len(group) > 1:
-                        self.nodes.append(dict(kind="concat", inputs=group, output=self.new_value(node), fx=node))
-                    parts.append(self.nodes[-1]["output"] if len(group) > 1 else group[0])
+                    if len(group) == 1:  # a lone last input goes up a level as it is
+                        parts.append(group[0])
+                        continue
+                    parts.append(self.new_value(node))
+                    self.nodes.append(dict(kind="concat", inputs=group, output=parts[-1], fx=node))
                 ins = parts
             self.nodes.append(dict(kind="concat", inputs=ins, output=self.new_value(node), fx=node))
             return
@@ -1114,13 +1116,14 @@ def canonicalize(gm):
                 g.erase_node(node)
                 erased.add(node)
                 continue
-        elif node.op == "call_function" and node.target is operator.getitem and _channel_slice(node, modules):
-            first, count = _channel_slice(node, modules)
+        elif node.op == "call_function" and node.target is operator.getitem and (
+                part := _channel_slice(node, modules)):
+            first, count = part
             new = replace(node, channel_range, (x, first, count))
             new.meta["qpack_rank"], new.meta["qpack_channels"] = rank_of(x), count
             continue
-        elif _split_parts(node, modules):
-            for u, (first, count) in _split_parts(node, modules).items():
+        elif parts := _split_parts(node, modules):
+            for u, (first, count) in parts.items():
                 new = replace(u, channel_range, (x, first, count))
                 new.meta["qpack_rank"], new.meta["qpack_channels"] = rank_of(x), count
             g.erase_node(node)
