@@ -512,7 +512,7 @@ class WithCustomOp(nn.Module):
 def test_unsupported_ops_split_the_graph_into_segments(dtype):
     model = randomize_bn(WithCustomOp()).eval()
     x = torch.randn(2, 3, 10, 9)
-    kw = freeze_args(dtype, (2, 3, 10, 9))
+    kw = freeze_args(dtype, x.shape)
     f = qpack.freeze(model, **kw)
     runner = G.runner_of(f)
     assert runner is not None and runner.num_segments >= 2
@@ -676,7 +676,7 @@ def test_conv1d_models_run_as_one_graph(dtype):
         bn.running_mean.uniform_(-0.2, 0.2)
         bn.running_var.uniform_(0.5, 1.5)
     x = torch.randn(3, 20, 50)
-    kw = freeze_args(dtype, (3, 20, 50))
+    kw = freeze_args(dtype, x.shape)
     f = qpack.freeze(model, **kw)
     runner = G.runner_of(f)
     assert runner is not None and runner.num_segments == 1
@@ -818,7 +818,7 @@ class TimmStylePlain(nn.Module):
 def test_batchnorm_subclasses_fold_or_lower_as_one_graph(dtype):
     model = randomize_bn(TimmStyle()).eval()
     x = torch.randn(2, 3, 10, 9)
-    kw = freeze_args(dtype, (2, 3, 10, 9))
+    kw = freeze_args(dtype, x.shape)
     f = qpack.freeze(model, **kw)
     assert G.runner_of(f).num_segments == 1 and G.runner_of(f)._gm is None
     rep = qpack.graph_report(f)
@@ -856,7 +856,7 @@ def test_concat_of_more_inputs_than_a_node_takes(dtype):
     torch.manual_seed(3)
     model = DenseConcat().eval()
     x = torch.randn(2, 3, 8, 7)
-    kw = freeze_args(dtype, (2, 3, 8, 7))
+    kw = freeze_args(dtype, x.shape)
     f = qpack.freeze(model, **kw)
     assert G.runner_of(f).num_segments == 1 and G.runner_of(f)._gm is None
     assert qpack.graph_report(f).count("concat") > 11  # 10 concats, of 9-12 inputs in two levels
@@ -935,7 +935,7 @@ def test_channel_slices_and_uneven_splits_run_in_the_graph(dtype):
     torch.manual_seed(4)
     model = SlicesAndSplits().eval()
     x = torch.randn(2, 3, 9, 8)
-    f = qpack.freeze(model, **freeze_args(dtype, (2, 3, 9, 8)))
+    f = qpack.freeze(model, **freeze_args(dtype, x.shape))
     assert G.runner_of(f).num_segments == 1 and G.runner_of(f)._gm is None
     assert qpack.graph_report(f).count("channel_range") == 9
     with torch.no_grad():
