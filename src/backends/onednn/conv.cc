@@ -16,6 +16,12 @@
 // only, and oneDNN's int8 depthwise kernels widen to 32 bits before they
 // multiply (no int16 pair sums), so the fused primitive is exact there
 // (tests/python/test_no_vnni.py checks it with worst-case values).
+// A strided 1x1 convolution without padding runs split on the pixels it reads,
+// gathered first, as a stride-1 convolution: oneDNN 3.2's AVX2 int8 1x1 kernel
+// gathers them itself ("rtus") and, with more than one thread and input
+// channels off a multiple of 16, returns wrong values that change from run to
+// run (seen on a Zen 3: up to 119 quanta off at 24 input channels, stride 2).
+// Splitting only the pixels read is also less work.
 //
 // Where the CPU has AVX-512 VNNI, static int8 depthwise convolutions and 1x1
 // convolutions with few input channels run on qpack's own kernels
@@ -25,6 +31,7 @@
 // elsewhere on oneDNN's.
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -131,6 +138,7 @@ class OnednnConv final : public ConvKernel {
       : ConvKernel(spec),
         // Depthwise int8 kernels widen to 32 bits: exact without VNNI.
         split_(spec.int8() && !spec.depthwise() && !isa_has_vnni()),
+        subsample_(split_ && subsamples(spec)),
         quant_(quant_of(spec, split_)) {
     // Pack for a representative channels-last problem; other shapes reuse the layout.
     const int64_t H = std::max<int64_t>(kPackSize, spec_.dil_h * (spec_.KH - 1) + 1);
@@ -145,6 +153,7 @@ class OnednnConv final : public ConvKernel {
   OnednnConv(const ConvSpec& spec, const SavedForm& form)
       : ConvKernel(spec),
         split_(spec.int8() && !spec.depthwise() && !isa_has_vnni()),
+        subsample_(split_ && subsamples(spec)),
         quant_(quant_of(spec, split_)) {
     const BlockedLayout saved = BlockedLayout::parse(form.layout, form.what);
     const auto dims = wei_dims();
@@ -266,11 +275,16 @@ class OnednnConv final : public ConvKernel {
       execute_conv(s, const_cast<uint8_t*>(x), y, &rq);
       return;
     }
-    const int64_t in = s.N * spec_.IC * s.H * s.W, out = s.N * spec_.OC * s.OH * s.OW;
-    const auto split = split_input(x, in, input_zero_point, out);
-    const RunQuant split_rq{1.0f, split.zero_point, 1.0f, 0};
     ConvShape stacked = s;
     stacked.N = 2 * s.N;
+    if (subsample_) {
+      x = gather_strided(s, x);
+      stacked.H = s.OH;
+      stacked.W = s.OW;
+    }
+    const int64_t in = s.N * spec_.IC * stacked.H * stacked.W, out = s.N * spec_.OC * s.OH * s.OW;
+    const auto split = split_input(x, in, input_zero_point, out);
+    const RunQuant split_rq{1.0f, split.zero_point, 1.0f, 0};
     execute_conv(stacked, split.halves, split.acc, &split_rq);
     const Epilogue e{input_scale, spec_.weight_scales.data(), spec_.per_channel(),
                      spec_.bias.empty() ? nullptr : spec_.bias.data(),
@@ -315,6 +329,36 @@ class OnednnConv final : public ConvKernel {
     return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
   }
 
+  // A 1x1 convolution that skips pixels and pads none (see the top of the file).
+  static bool subsamples(const ConvSpec& spec) {
+    return spec.KH == 1 && spec.KW == 1 && (spec.stride_h > 1 || spec.stride_w > 1) &&
+           spec.pad_t == 0 && spec.pad_l == 0 && spec.pad_b == 0 && spec.pad_r == 0;
+  }
+
+  // The pixels a subsampling convolution reads, [N][OH][OW] in x's layout, in a
+  // per-thread buffer (valid until the thread's next gather).
+  const uint8_t* gather_strided(const ConvShape& s, const uint8_t* x) const {
+    const int64_t C = spec_.IC, sh = spec_.stride_h, sw = spec_.stride_w;
+    auto* out = static_cast<uint8_t*>(
+        thread_buffer(ThreadBuffer::subsample, static_cast<size_t>(s.N * C * s.OH * s.OW)));
+    if (s.x_layout == QPACK_LAYOUT_NHWC) {
+      for (int64_t n = 0; n < s.N; ++n)
+        for (int64_t oh = 0; oh < s.OH; ++oh) {
+          const uint8_t* row = x + ((n * s.H + oh * sh) * s.W) * C;
+          uint8_t* dst = out + ((n * s.OH + oh) * s.OW) * C;
+          for (int64_t ow = 0; ow < s.OW; ++ow) std::memcpy(dst + ow * C, row + ow * sw * C, C);
+        }
+    } else {
+      for (int64_t nc = 0; nc < s.N * C; ++nc)
+        for (int64_t oh = 0; oh < s.OH; ++oh) {
+          const uint8_t* row = x + (nc * s.H + oh * sh) * s.W;
+          uint8_t* dst = out + (nc * s.OH + oh) * s.OW;
+          for (int64_t ow = 0; ow < s.OW; ++ow) dst[ow] = row[ow * sw];
+        }
+    }
+    return out;
+  }
+
   dt wei_dt() const { return spec_.int8() ? dt::s8 : dt::f32; }
   dt act_dt() const { return spec_.int8() ? dt::u8 : dt::f32; }
   dt dst_dt() const { return split_ ? dt::s32 : act_dt(); }
@@ -333,8 +377,9 @@ class OnednnConv final : public ConvKernel {
   dnnl::convolution_forward::primitive_desc make_pd(int64_t N, int64_t H, int64_t W, tag x_tag,
                                                     tag y_tag, const memory::desc& wei_md,
                                                     const ConvShape* run = nullptr) const {
-    int64_t OH, OW;
-    spec_.output_size(H, W, &OH, &OW);
+    // A subsampling convolution's problems are the gathered pixels, stride 1.
+    int64_t OH = H, OW = W;
+    if (!subsample_) spec_.output_size(H, W, &OH, &OW);
     auto attr = make_attr(quant_, spec_.per_channel() ? (grouped() ? 3 : 1) : 0,
                           spec_.clamp_min, spec_.clamp_max);
     dnnl::algorithm post;
@@ -346,7 +391,7 @@ class OnednnConv final : public ConvKernel {
     }
     memory::desc src_md({N, spec_.IC, H, W}, act_dt(), x_tag);
     memory::desc dst_md({N, spec_.OC, OH, OW}, dst_dt(), y_tag);
-    const memory::dims strides{spec_.stride_h, spec_.stride_w};
+    const memory::dims strides{subsample_ ? 1 : spec_.stride_h, subsample_ ? 1 : spec_.stride_w};
     const memory::dims dilates{spec_.dil_h - 1, spec_.dil_w - 1};
     const memory::dims pad_l{spec_.pad_t, spec_.pad_l}, pad_r{spec_.pad_b, spec_.pad_r};
     const auto pk = dnnl::prop_kind::forward_inference;
@@ -484,6 +529,7 @@ class OnednnConv final : public ConvKernel {
   }
 
   const bool split_;  // int8 without VNNI: split input, s32 primitive, C++ epilogue
+  const bool subsample_;  // split_ and a strided 1x1: gather the pixels read, run stride 1
   const OwnKernel own_ = own_kernel_for(spec_);  // static int8 on qpack's kernel, where it fits
   const Quant quant_;
   mutable std::shared_ptr<const Packed> packed_;  // atomic_load/store only

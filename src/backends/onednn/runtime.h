@@ -37,9 +37,10 @@ const dnnl::engine& engine();
 dnnl::stream& stream();
 // Per-thread buffers of the calling thread, at least `size` bytes, 64-byte
 // aligned, growing and never shrinking: the user-mode scratchpad (no shared
-// mutable scratch between concurrent runs), int8_split.h's buffer, and the
-// channels-last copies of a convolution's input and output.
-enum class ThreadBuffer { scratchpad = 0, split, nhwc_src, nhwc_dst, count };
+// mutable scratch between concurrent runs), int8_split.h's buffer, the
+// channels-last copies of a convolution's input and output, and the pixels a
+// strided 1x1 convolution reads (conv.cc).
+enum class ThreadBuffer { scratchpad = 0, split, nhwc_src, nhwc_dst, subsample, count };
 void* thread_buffer(ThreadBuffer which, size_t size);
 // True when the effective ISA (after ONEDNN_MAX_CPU_ISA) has VNNI or AMX, so
 // oneDNN's u8 x s8 int8 kernels do not saturate (see int8_split.h).
