@@ -1,8 +1,46 @@
 """PyTorch reference implementations (the numerical oracle)."""
 import contextlib
+import functools
 import warnings
 
 import numpy as np
+
+SATURATING_ENGINES = ("x86", "onednn")
+
+
+@functools.lru_cache(maxsize=None)
+def torch_int8_exact():
+    """Whether PyTorch's x86 and onednn engines compute static int8 exactly on this CPU.
+
+    Without VNNI (AVX2, AVX-512 without VNNI) their u8 x s8 kernels add pairs of products in
+    saturating int16 (vpmaddubsw): with full-range uint8 inputs and int8 weights a pair can
+    reach 2 * 255 * 127 and clips at 32767, so their outputs are off by many quanta (measured
+    12 on a 131-input linear on a Zen 3). qpack's oneDNN backend is exact there (it splits the
+    input, test_no_vnni.py). Where they saturate, the oracle is PyTorch in float64 instead.
+    The oneDNN that qpack loads names the ISA it dispatches to, the same one PyTorch's onednn
+    engine picks (both read ONEDNN_MAX_CPU_ISA); FBGEMM, behind x86, needs VNNI in the CPU."""
+    import qpack
+
+    version = qpack.backends()["onednn"].get("version", "")
+    isa = version.rpartition("isa=")[2].strip()
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    cpu_vnni = bool(flags & {"avx512_vnni", "avx_vnni"})
+    return cpu_vnni and ("vnni" in isa or "amx" in isa or "bf16" in isa or "fp16" in isa)
+
+
+def requantize(torch, y, out_scale, out_zp, relu=False):
+    """float64 result -> uint8 the way the quantized ops round (half to even), as int32."""
+    if relu:
+        y = y.clamp(min=0)
+    return (torch.round(y / out_scale) + out_zp).clamp(0, 255).to(torch.int32)
 
 
 @contextlib.contextmanager
@@ -28,7 +66,16 @@ def legacy_weight(torch, w_int8, scales, zero_points=None):
 
 def static_linear(torch, engine_name, w_int8, scales, bias, x_u8, in_scale, in_zp, out_scale, out_zp,
                   relu=False, zero_points=None):
-    """torch.ops.quantized.linear[_relu] on the given engine -> uint8 numpy."""
+    """torch.ops.quantized.linear[_relu] on the given engine -> uint8 numpy (in float64 where
+    the engine saturates on this CPU: torch_int8_exact)."""
+    if engine_name in SATURATING_ENGINES and not torch_int8_exact():
+        n = np.shape(w_int8)[0]
+        zps = np.broadcast_to(np.asarray(0 if zero_points is None else zero_points, np.float64), (n,))
+        ws = np.broadcast_to(np.asarray(scales, np.float64), (n,))
+        w = torch.from_numpy((np.asarray(w_int8, np.float64) - zps[:, None]) * ws[:, None])
+        x = (torch.from_numpy(np.asarray(x_u8, dtype=np.float64)) - in_zp) * in_scale
+        y = x @ w.T + (0 if bias is None else torch.from_numpy(np.asarray(bias, dtype=np.float64)))
+        return requantize(torch, y, out_scale, out_zp, relu).to(torch.uint8).numpy()
     with engine(torch, engine_name):
         qw = legacy_weight(torch, w_int8, scales, zero_points)
         b = None if bias is None else torch.from_numpy(bias)
