@@ -67,11 +67,11 @@ def version():
     return qpack_version().decode("ascii")
 
 
-def choose_qparams_u8(float lo, float hi):
-    """uint8 (scale, zero_point) for values in [lo, hi], the core's one rule."""
+def choose_qparams_u8(float lo, float hi, int32_t qmax=255):
+    """uint8 (scale, zero_point) for values in [lo, hi] onto [0, qmax], the core's one rule."""
     cdef float scale = 0
     cdef int32_t zp = 0
-    check_status(qpack_choose_qparams_u8(lo, hi, &scale, &zp))
+    check_status(qpack_choose_qparams_u8_max(lo, hi, qmax, &scale, &zp))
     return float(scale), int(zp)
 
 
@@ -100,6 +100,7 @@ def backend_infos():
                     "compiled": bool(b.compiled), "available": bool(b.available),
                     "version": buf.decode("utf-8", "replace"),
                     "asymmetric_weights": bool(b.asymmetric_weights),
+                    "int8_input_max": qpack_backend_int8_input_max(b.backend),
                     "linear": _mode_list(b.linear_modes), "conv2d": _mode_list(b.conv2d_modes),
                     "graph_ops": _graph_op_list(b.graph_nodes, b.graph_activations)})
     return out

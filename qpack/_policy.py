@@ -35,8 +35,11 @@ def backends():
     """What each backend is and supports, as the core's registry reports it.
 
     {name: {"available", "compiled", "version", "linear": [modes],
-    "conv2d": [modes], "graph_ops": [node kinds], "weight_quantization": [...]}}, in the order
-    backend="auto" prefers them."""
+    "conv2d": [modes], "graph_ops": [node kinds], "weight_quantization": [...],
+    "int8_input_max": 255 or 127}}, in the order backend="auto" prefers them. int8_input_max is
+    the largest uint8 input its static int8 kernels take at full speed on this CPU: 127 for oneDNN
+    without VNNI (wider inputs run exact at twice the work; ``freeze(..., reduce_range=True)``
+    calibrates activations to [0, 127]); 0 when not available."""
     out = {}
     for b in _core.backend_infos():
         out[b["name"]] = {
@@ -49,6 +52,7 @@ def backends():
             "graph_ops": b["graph_ops"],
             "weight_quantization": (["per_tensor_affine", "per_channel_affine"] if b["asymmetric_weights"]
                                     else ["per_tensor_symmetric", "per_channel_symmetric"]),
+            "int8_input_max": b["int8_input_max"],
         }
     return out
 

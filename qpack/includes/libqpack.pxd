@@ -41,6 +41,8 @@ cdef extern from "qpack/qpack.h" nogil:
     int qpack_build_mobile()
     int qpack_in_forked_child()
     const char* qpack_version()
+    qpack_status qpack_choose_qparams_u8_max(float min, float max, int32_t qmax, float* scale_out,
+                                             int32_t* zero_point_out)
     qpack_status qpack_choose_qparams_u8(float min, float max, float* scale_out,
                                          int32_t* zero_point_out)
 
@@ -59,6 +61,7 @@ cdef extern from "qpack/qpack.h" nogil:
     qpack_status qpack_backend_get_info(int index, qpack_backend_info* info_out)
     qpack_status qpack_backend_describe(qpack_backend backend, char* buf, size_t size)
     int qpack_backend_available(qpack_backend backend)
+    int qpack_backend_int8_input_max(qpack_backend backend)
 
     ctypedef struct qpack_op_stats:
         uint64_t states_built

@@ -51,6 +51,7 @@ class FreezeContext:
     retain: object = None
     dtype: object = None
     ranges: dict = dataclasses.field(default_factory=dict)
+    qmax: int = 255  # calibrated activations onto [0, qmax] (freeze's reduce_range: 127)
 
     def static_qparams(self, module, activation):
         """uint8 qparams from calibration, or None when the layer was not seen."""
@@ -58,8 +59,8 @@ class FreezeContext:
         if r is None or r.get("in") is None or r.get("out") is None:
             return None
         lo, hi = _clamp_range(r["out"], activation)
-        in_s, in_zp = _q.uint8_qparams(*r["in"])
-        out_s, out_zp = _q.uint8_qparams(lo, hi)
+        in_s, in_zp = _q.uint8_qparams(*r["in"], self.qmax)
+        out_s, out_zp = _q.uint8_qparams(lo, hi, self.qmax)
         return dict(input_scale=in_s, input_zero_point=in_zp, output_scale=out_s, output_zero_point=out_zp)
 
 
@@ -512,7 +513,7 @@ def _check_eval(model):
 
 
 def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=None, dtype=None,
-           fuse=True, mapping=None, graph=True, progress=None):
+           fuse=True, mapping=None, graph=True, progress=None, reduce_range=False):
     """A copy of ``model`` whose Linear/Conv1d/Conv2d layers run on qpack's packed weights.
 
     - ``dtype=None`` keeps each layer's precision: float layers become fp32
@@ -552,6 +553,12 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
       ``qpack.graph_report(frozen)`` prints the plan.
     - ``progress``: a tqdm bar over calibration batches and int8 packing
       (None: when stderr is a terminal and tqdm is installed).
+    - ``reduce_range``: static int8 activations calibrated onto [0, 127]
+      instead of [0, 255], as PyTorch's reduce_range: one bit of resolution
+      for speed on CPUs whose oneDNN int8 kernels would saturate wider inputs
+      (``qpack.backends()["onednn"]["int8_input_max"] == 127``: no VNNI). There
+      qpack runs inputs above 127 split, exact at twice the work, and narrow
+      ones on the fused kernels; elsewhere it changes only the resolution.
 
     The model must be in eval mode. Modules without a rule are kept as they are.
     """
@@ -566,16 +573,19 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
     dtype = "int8" if dtype in ("int8", torch.int8) else None
     if example_inputs is not None and dtype != "int8":
         raise InvalidArgumentError("example_inputs calibrate static int8 layers: pass dtype='int8' with them")
+    if not isinstance(reduce_range, bool):
+        raise InvalidTypeError(f"reduce_range must be True or False, got {reduce_range!r}")
+    qmax = 127 if reduce_range else 255
     _check_eval(model)
     if not graph or type(model) in MAPPING or type(model) in (mapping or {}):
         return _freeze_layers(model, backend=backend, retain=retain, inplace=inplace,
-                              example_inputs=example_inputs, dtype=dtype, fuse=fuse, mapping=mapping)
+                              example_inputs=example_inputs, dtype=dtype, fuse=fuse, mapping=mapping, qmax=qmax)
     if dtype == "int8" and example_inputs is not None and not inplace:
-        frozen = _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, progress)
+        frozen = _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, progress, qmax)
         if frozen is not None:
             return frozen
     frozen = _freeze_layers(model, backend=backend, retain=retain, inplace=inplace,
-                            example_inputs=example_inputs, dtype=dtype, fuse=fuse, mapping=mapping)
+                            example_inputs=example_inputs, dtype=dtype, fuse=fuse, mapping=mapping, qmax=qmax)
     _try_graph(frozen)
     return frozen
 
@@ -598,7 +608,7 @@ def _try_graph(frozen):
         return None
 
 
-def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, show_progress):
+def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, show_progress, qmax):
     """Static int8 graphs calibrated per edge, or None when no part of the model lowers."""
     from qpack.torch import graph as _g
     batches = example_inputs if isinstance(example_inputs, list) else [example_inputs]
@@ -613,7 +623,7 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
     try:
         gm = _g.trace(fp32)
     except Exception:  # noqa: BLE001 - untraceable: int8 graphs for the submodules that trace
-        frozen = _freeze_int8_parts(fp32, backend, retain, batches, show_progress)
+        frozen = _freeze_int8_parts(fp32, backend, retain, batches, show_progress, qmax)
         for w in caught if frozen is not None else ():
             warnings.warn(w.message, w.category, stacklevel=4)
         return frozen
@@ -621,7 +631,7 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
         segs = _g.segments(gm)
         if not segs:
             return None
-        qp = _g.qparams_by_name(segs, _g.calibrate(gm, batches, show_progress))
+        qp = _g.qparams_by_name(segs, _g.calibrate(gm, batches, show_progress), qmax)
     except _g.Unsupported:
         return None
     if any(layer.mode != "f32" for seg in segs for layer in seg.layers):
@@ -664,7 +674,7 @@ def _static_int8(layer, in_qp, out_qp, backend, retain):
     return new.train(False)
 
 
-def _freeze_int8_parts(fp32, backend, retain, batches, show_progress):
+def _freeze_int8_parts(fp32, backend, retain, batches, show_progress, qmax):
     """A model whose own forward does not trace: static int8 graphs, calibrated per
     edge, for the largest submodules that lower as whole graphs (attach_parts);
     its other layers static int8 on their own calibrated input/output ranges (as
@@ -719,7 +729,7 @@ def _freeze_int8_parts(fp32, backend, retain, batches, show_progress):
         if not inputs[name] or None in inputs[name]:
             continue  # never called, or with keywords: its layers one by one
         try:
-            qp = _g.qparams_by_name(segs, _g.calibrate(gm, inputs[name], False))
+            qp = _g.qparams_by_name(segs, _g.calibrate(gm, inputs[name], False), qmax)
         except Exception:  # noqa: BLE001 - its trace cannot run what its forward was given
             continue
         replacements.update(_int8_graph_layers(segs, qp, backend, retain, show_progress))
@@ -729,8 +739,8 @@ def _freeze_int8_parts(fp32, backend, retain, batches, show_progress):
             continue
         r = ranges.get(id(layer), {})
         if "in" in r and "out" in r:
-            replacements[id(layer)] = _static_int8(layer, _q.uint8_qparams(*r["in"]), _q.uint8_qparams(*r["out"]),
-                                                   backend, retain)
+            replacements[id(layer)] = _static_int8(layer, _q.uint8_qparams(*r["in"], qmax),
+                                                   _q.uint8_qparams(*r["out"], qmax), backend, retain)
         elif isinstance(layer, FrozenLinear):
             w, b = layer.unpack()
             q, s = _q.quantize_weight_per_channel(w)
@@ -778,7 +788,7 @@ def _computes_as(m, base):
         return False
 
 
-def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fuse, mapping):
+def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fuse, mapping, qmax=255):
     """Layer by layer: the swap (and folding, fusion, calibration) every freeze starts with."""
     rules = dict(MAPPING)
     if mapping:
@@ -803,7 +813,7 @@ def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fu
             seen.add(id(m))
             layers.append(m)
 
-    ctx = FreezeContext(backend=backend, retain=retain, dtype=dtype)
+    ctx = FreezeContext(backend=backend, retain=retain, dtype=dtype, qmax=qmax)
     if example_inputs is not None:
         ctx.ranges = _calibrate(model, example_inputs, layers, plan)
 

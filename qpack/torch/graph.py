@@ -1280,9 +1280,10 @@ def calibrate(gm, batches, show_progress=None):
     return ranges
 
 
-def value_qparams(seg, ranges):
-    """u8 (scale, zero_point) per value of a segment: its own calibrated range,
-    except where the op keeps its input's (max pooling, flatten, nearest resize)."""
+def value_qparams(seg, ranges, qmax=255):
+    """u8 (scale, zero_point) per value of a segment: its own calibrated range onto [0, qmax]
+    (freeze's reduce_range: 127), except where the op keeps its input's (max pooling, flatten,
+    nearest resize)."""
     qp = {}
     producer = {n["output"]: n for n in seg.nodes}
     for v, fx in enumerate(seg.values):
@@ -1292,15 +1293,15 @@ def value_qparams(seg, ranges):
             continue
         if fx.name not in ranges:
             raise Unsupported(f"{fx.name} was not seen in calibration")
-        qp[v] = _q.uint8_qparams(*ranges[fx.name])
+        qp[v] = _q.uint8_qparams(*ranges[fx.name], qmax)
     return qp
 
 
-def qparams_by_name(segs, ranges):
-    """{fx node name: (scale, zero_point)} for every value of the segments."""
+def qparams_by_name(segs, ranges, qmax=255):
+    """{fx node name: (scale, zero_point)} for every value of the segments, onto [0, qmax]."""
     out = {}
     for seg in segs:
-        for v, qp in value_qparams(seg, ranges).items():
+        for v, qp in value_qparams(seg, ranges, qmax).items():
             out[seg.values[v].name] = qp
     return out
 

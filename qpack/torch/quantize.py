@@ -31,11 +31,11 @@ def dequantize_weight(qweight, scale):
     return (qweight.to(torch.float32) * scale.reshape(shape).to(torch.float32)).contiguous()
 
 
-def uint8_qparams(lo, hi):
-    """Affine uint8 (scale, zero_point) covering [lo, hi] (widened to hold 0): the
-    core's rule (PyTorch's ChooseQuantizationParams, with its minimum scale, below
-    which QNNPACK's int32 bias would overflow for ordinary biases)."""
-    return choose_qparams_u8(float(lo), float(hi))
+def uint8_qparams(lo, hi, qmax=255):
+    """Affine uint8 (scale, zero_point) covering [lo, hi] (widened to hold 0) with [0, qmax]:
+    the core's rule (PyTorch's ChooseQuantizationParams, with its minimum scale, below which
+    QNNPACK's int32 bias would overflow for ordinary biases)."""
+    return choose_qparams_u8(float(lo), float(hi), int(qmax))
 
 
 # ---- torchao ---------------------------------------------------------------

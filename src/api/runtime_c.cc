@@ -50,13 +50,20 @@ int qpack_build_mobile(void) { return QPACK_MOBILE ? 1 : 0; }
 
 qpack_status qpack_choose_qparams_u8(float min, float max, float* scale_out,
                                      int32_t* zero_point_out) {
+  return qpack_choose_qparams_u8_max(min, max, 255, scale_out, zero_point_out);
+}
+
+qpack_status qpack_choose_qparams_u8_max(float min, float max, int32_t qmax, float* scale_out,
+                                         int32_t* zero_point_out) {
   return guarded([&] {
+    qpack::check(qmax >= 1 && qmax <= 255, QPACK_STATUS_INVALID_ARGUMENT, "qmax = ", qmax,
+                 " is outside [1, 255]");
     qpack::check(scale_out != nullptr && zero_point_out != nullptr,
                  QPACK_STATUS_INVALID_ARGUMENT, "scale_out or zero_point_out is NULL");
     qpack::check(std::isfinite(min) && std::isfinite(max) && min <= max,
                  QPACK_STATUS_INVALID_ARGUMENT, "the range [", min, ", ", max,
                  "] must be finite with min <= max");
-    const qpack::QParams q = qpack::choose_qparams_u8(min, max);
+    const qpack::QParams q = qpack::choose_qparams_u8(min, max, qmax);
     *scale_out = q.scale;
     *zero_point_out = q.zero_point;
   });
@@ -96,6 +103,14 @@ qpack_status qpack_backend_get_info(int index, qpack_backend_info* info_out) {
 int qpack_backend_available(qpack_backend backend) {
   for (const auto& b : qpack::backends()) {
     if (b.id == backend) return b.available() ? 1 : 0;
+  }
+  return 0;
+}
+
+int qpack_backend_int8_input_max(qpack_backend backend) {
+  for (const auto& b : qpack::backends()) {
+    if (b.id != backend || !b.available()) continue;
+    return b.ops.int8_input_max != nullptr ? b.ops.int8_input_max() : 255;
   }
   return 0;
 }

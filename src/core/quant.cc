@@ -9,8 +9,8 @@
 
 namespace qpack {
 
-QParams choose_qparams_u8(float min, float max) {
-  const int32_t qmin = 0, qmax = 255;
+QParams choose_qparams_u8(float min, float max, int32_t qmax) {
+  const int32_t qmin = 0;
   min = std::min(min, 0.0f);
   max = std::max(max, 0.0f);
   double scale = (static_cast<double>(max) - min) / (qmax - qmin);

@@ -49,7 +49,7 @@ struct QParams {
 
 // Dynamic-quantization parameters for a float range, as PyTorch's
 // ChooseQuantizationParams (qmin 0, qmax 255, no reduce_range) computes them.
-QParams choose_qparams_u8(float min, float max);
+QParams choose_qparams_u8(float min, float max, int32_t qmax = 255);
 
 // PyTorch's int32 bias for QNNPACK: round(bias / (weight_scale * input_scale)),
 // one weight scale (per-tensor) or one per output channel. Throws

@@ -40,6 +40,9 @@ struct BackendOps {
   // both (docs/FORMAT.md).
   std::string (*build_id)() = nullptr;
   std::string (*isa)() = nullptr;
+  // The largest u8 input its static int8 kernels take at full speed (255; 127
+  // where wider inputs run at twice the work, oneDNN without VNNI: int8_split.h).
+  int (*int8_input_max)() = nullptr;
   OpSupport<LinearKernel> linear;
   OpSupport<ConvKernel> conv2d;
   // Its own operators for u8 graph nodes (add, pools, activations): graphs

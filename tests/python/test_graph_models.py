@@ -575,6 +575,35 @@ def test_architecture_blocks_run_as_one_graph(name):
     check_graph(model, torch.randn(2, 3, 16, 16))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reduce_range_calibrates_every_value_to_7_bits(backend):
+    """freeze(reduce_range=True): every u8 value of the graph on [0, 127] (zero point <= 127,
+    about twice the 8-bit scale), the graph within two quanta of its per-edge reference and
+    the same shape of plan; a value past its calibrated range (x * 3) still comes out within
+    two quanta (oneDNN without VNNI runs such inputs split, exact)."""
+    torch.manual_seed(0)
+    model = randomize_bn(BLOCKS["resnet50_bottleneck"]()).eval()
+    x = torch.randn(2, 3, 16, 16)
+    torch.manual_seed(3)
+    calib = [torch.randn_like(x) for _ in range(3)] + [x]
+    wide = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False)
+    narrow = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False,
+                          reduce_range=True)
+    assert plan(narrow) == plan(wide) == "graph"
+    v8, v7 = G.runner_of(wide)._spec["values"], G.runner_of(narrow)._spec["values"]
+    u8 = [i for i, v in enumerate(v7) if v[1]]
+    assert u8 and all(0 <= v7[i][2] <= 127 for i in u8)
+    ratios = [v7[i][1] / v8[i][1] for i in u8]
+    assert all(1.9 < r < 2.1 for r in ratios), ratios
+    out_s = v7[G.runner_of(narrow)._spec["nodes"][-1]["inputs"][0]][1]
+    with torch.no_grad():
+        for xs in (x, 3 * x):
+            err = float((narrow(xs) - per_edge_reference(narrow, xs)).abs().max())
+            assert err <= 2 * out_s + 1e-6, (err, out_s)
+    with pytest.raises(qpack.InvalidTypeError, match="reduce_range must be True or False"):
+        qpack.freeze(model, dtype="int8", example_inputs=calib, reduce_range="yes")
+
+
 def test_graph_sigmoid_and_silu_match_torch_elementwise():
     """The core's vectorized exp: every element within 1e-6 relative (or 1e-30 absolute)."""
     x = torch.cat([torch.linspace(-120, 120, 48001), torch.randn(20000) * 4]).reshape(-1, 1)

@@ -44,8 +44,14 @@ def _linear_checks(torch):
             b = rng.standard_normal(n).astype(np.float32)
             x = rng.integers(0, 256, size=(m, k), dtype=np.uint8)
             x[0] = 255  # the worst case for saturation
+            # narrow inputs (bytes and zero point below 128) run the fused primitive: at worst
+            # 2 * 127 * 128 per pair, weights -128 and 127 in turn, inputs 127
+            narrow = np.minimum(x, 127)
+            narrow[0] = 127
+            wn = np.where(np.arange(k) % 2 == 0, -128, 127).astype(np.int8)[None].repeat(n, 0)
+            cases = [(x, w, zp) for zp in (0, 1, 117, 255)] + [(narrow, w, 0), (narrow, wn, 0), (narrow, wn, 127)]
             for relu in (False, True):
-                for in_zp in (0, 1, 117, 255):
+                for x, w, in_zp in cases:
                     out_s, out_zp = 0.2 + 0.01 * k, 93
                     lin = qpack.PackedLinear(w, b, backend="onednn", weight_scale=ws,
                                              activation="relu" if relu else None,
@@ -96,11 +102,13 @@ def _conv_checks(torch):
         so = (cin // groups) * k * k * 255 * 128 * si * ws[0] / 100  # outputs within +-100 quanta
         conv = qpack.PackedConv2d(w, None, stride, k // 2, 1, groups, backend="onednn",
                                   weight_scale=ws, output_scale=so, output_zero_point=zo)
-        y = conv(x, scale=si, zero_point=zi)
-        ref = float_qconv(x, si, zi, w, ws, None, k // 2, groups, so, zo, stride)
-        diff = (y.to(torch.int32) - ref).abs().max().item()
-        assert diff <= 1, (cin, cout, groups, k, stride, diff)
-        worst, count = max(worst, diff), count + 1
+        # the same with inputs below 128 (the fused primitive, 127 where the wide ones are 255)
+        for xs, z in ((x, zi), (x.clamp(max=127), zi), (x.clamp(max=127), 127)):
+            y = conv(xs, scale=si, zero_point=z)
+            ref = float_qconv(xs, si, z, w, ws, None, k // 2, groups, so, zo, stride)
+            diff = (y.to(torch.int32) - ref).abs().max().item()
+            assert diff <= 1, (cin, cout, groups, k, stride, z, diff)
+            worst, count = max(worst, diff), count + 1
     # Strided 1x1 convolutions without padding: oneDNN 3.2's AVX2 kernel gathers their
     # pixels itself and, on 2 threads with input channels off a multiple of 16, returned
     # wrong values that changed from run to run; qpack gathers them (conv.cc).
@@ -129,6 +137,7 @@ def _child():
     isa = version.split("isa=")[1].split()[0].rstrip(";,")
     print(f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA')}: oneDNN used isa={isa}")
     assert isa in NON_VNNI, f"expected an ISA without VNNI, oneDNN reports {version}"
+    assert qpack.backends()["onednn"]["int8_input_max"] == 127
     print(_linear_checks(torch))
     print(_conv_checks(torch))
 

@@ -73,11 +73,32 @@ def test_one_uint8_qparams_rule(needs_torch):
         x = torch.tensor([lo, hi], dtype=torch.float32)
         scale, zp = torch._choose_qparams_per_tensor(x, False)
         assert _core.choose_qparams_u8(float(lo), float(hi)) == (pytest.approx(scale, rel=1e-6), zp)
+        scale, zp = torch._choose_qparams_per_tensor(x, True)  # reduce_range: [0, 127]
+        assert _core.choose_qparams_u8(float(lo), float(hi), 127) == (pytest.approx(scale, rel=1e-6), zp)
     from qpack.torch import quantize
     assert quantize.uint8_qparams(-1.0, 3.0) == _core.choose_qparams_u8(-1.0, 3.0)
+    assert quantize.uint8_qparams(-1.0, 3.0, 127) == _core.choose_qparams_u8(-1.0, 3.0, 127)
     for lo, hi in [(float("nan"), 1.0), (0.0, float("inf")), (2.0, 1.0)]:
         with pytest.raises(qpack.InvalidArgumentError, match="finite with min <= max"):
             _core.choose_qparams_u8(lo, hi)
+    for qmax in (0, 256, -1):
+        with pytest.raises(qpack.InvalidArgumentError, match=r"outside \[1, 255\]"):
+            _core.choose_qparams_u8(-1.0, 1.0, qmax)
+
+
+def test_int8_input_max_says_where_inputs_run_split():
+    """255 where the backend's int8 kernels take any uint8 input at full speed; 127 for oneDNN
+    on a CPU without VNNI (its ISA names no vnni/amx): inputs above 127 run split there."""
+    infos = qpack.backends()
+    for name, b in infos.items():
+        if not b["available"]:
+            assert b["int8_input_max"] == 0
+            continue
+        want = 255
+        if name == "onednn":
+            isa = b["version"].rpartition("isa=")[2]
+            want = 255 if any(k in isa for k in ("vnni", "amx", "bf16", "fp16")) else 127
+        assert b["int8_input_max"] == want, (name, b["version"])
 
 
 def test_counters_mean_the_same_on_every_backend(backend):

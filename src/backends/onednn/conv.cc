@@ -21,7 +21,9 @@
 // gathers them itself ("rtus") and, with more than one thread and input
 // channels off a multiple of 16, returns wrong values that change from run to
 // run (seen on a Zen 3: up to 119 quanta off at 24 input channels, stride 2).
-// Splitting only the pixels read is also less work.
+// Splitting only the pixels read is also less work. Narrow inputs (every byte
+// and the zero point below 128) run the fused primitive instead of the split
+// one: exact too (int8_split.h), at half the work.
 //
 // Where the CPU has AVX-512 VNNI, static int8 depthwise convolutions and 1x1
 // convolutions with few input channels run on qpack's own kernels
@@ -126,6 +128,7 @@ struct Prim {
   qpack_activation post_act;  // f32: an activation after the layer's own, a post-op
   float post_min, post_max;
   bool via_nhwc;  // reorder NCHW data to channels-last around the primitive
+  bool split;     // int8_split.h's mode: s32 output, epilogue in C++
   dnnl::convolution_forward primitive;
   size_t scratch_size;
 };
@@ -139,7 +142,7 @@ class OnednnConv final : public ConvKernel {
         // Depthwise int8 kernels widen to 32 bits: exact without VNNI.
         split_(spec.int8() && !spec.depthwise() && !isa_has_vnni()),
         subsample_(split_ && subsamples(spec)),
-        quant_(quant_of(spec, split_)) {
+        quant_(quant_of(spec, false)) {
     // Pack for a representative channels-last problem; other shapes reuse the layout.
     const int64_t H = std::max<int64_t>(kPackSize, spec_.dil_h * (spec_.KH - 1) + 1);
     const int64_t W = std::max<int64_t>(kPackSize, spec_.dil_w * (spec_.KW - 1) + 1);
@@ -154,7 +157,7 @@ class OnednnConv final : public ConvKernel {
       : ConvKernel(spec),
         split_(spec.int8() && !spec.depthwise() && !isa_has_vnni()),
         subsample_(split_ && subsamples(spec)),
-        quant_(quant_of(spec, split_)) {
+        quant_(quant_of(spec, false)) {
     const BlockedLayout saved = BlockedLayout::parse(form.layout, form.what);
     const auto dims = wei_dims();
     bool dims_ok = saved.ndims == static_cast<int32_t>(dims.size());
@@ -203,7 +206,8 @@ class OnednnConv final : public ConvKernel {
  private:
   // The weight layout oneDNN wants for the channels-last problem N x H x W.
   memory::desc wanted_md(int64_t N, int64_t H, int64_t W) const {
-    return make_pd(N, H, W, tag::nhwc, tag::nhwc, memory::desc(wei_dims(), wei_dt(), tag::any))
+    return make_pd(N, H, W, tag::nhwc, tag::nhwc, memory::desc(wei_dims(), wei_dt(), tag::any),
+                   split_)
         .weights_desc();
   }
 
@@ -213,7 +217,7 @@ class OnednnConv final : public ConvKernel {
     try {
       apply_num_threads();
       place();
-      if (with_bias()) {
+      if (!spec_.bias.empty()) {
         bias_ = memory({{spec_.OC}, dt::f32, tag::a}, engine(), const_cast<float*>(spec_.bias.data()));
       }
     } catch (const dnnl::error& e) {
@@ -256,7 +260,7 @@ class OnednnConv final : public ConvKernel {
 
  protected:
   void do_run_f32(const ConvShape& s, const float* x, float* y) const override {
-    execute_conv(s, const_cast<float*>(x), y, nullptr);
+    execute_conv(s, const_cast<float*>(x), y, nullptr, false);
   }
 
   void do_run_u8(const ConvShape& s, const uint8_t* x, float input_scale, int32_t input_zero_point,
@@ -272,20 +276,27 @@ class OnednnConv final : public ConvKernel {
       }
     }
     if (!split_) {
-      execute_conv(s, const_cast<uint8_t*>(x), y, &rq);
+      execute_conv(s, const_cast<uint8_t*>(x), y, &rq, false);
       return;
     }
-    ConvShape stacked = s;
-    stacked.N = 2 * s.N;
+    // No VNNI: a strided 1x1 reads its pixels gathered (both modes), and the input
+    // runs fused when narrow, else split.
+    ConvShape read = s;
     if (subsample_) {
       x = gather_strided(s, x);
-      stacked.H = s.OH;
-      stacked.W = s.OW;
+      read.H = s.OH;
+      read.W = s.OW;
     }
+    if (narrow(x, s.N * spec_.IC * read.H * read.W, input_zero_point)) {
+      execute_conv(read, const_cast<uint8_t*>(x), y, &rq, false);
+      return;
+    }
+    ConvShape stacked = read;
+    stacked.N = 2 * s.N;
     const int64_t in = s.N * spec_.IC * stacked.H * stacked.W, out = s.N * spec_.OC * s.OH * s.OW;
     const auto split = split_input(x, in, input_zero_point, out);
     const RunQuant split_rq{1.0f, split.zero_point, 1.0f, 0};
-    execute_conv(stacked, split.halves, split.acc, &split_rq);
+    execute_conv(stacked, split.halves, split.acc, &split_rq, true);
     const Epilogue e{input_scale, spec_.weight_scales.data(), spec_.per_channel(),
                      spec_.bias.empty() ? nullptr : spec_.bias.data(),
                      spec_.clamp_min, spec_.clamp_max, spec_.output_scale,
@@ -361,8 +372,9 @@ class OnednnConv final : public ConvKernel {
 
   dt wei_dt() const { return spec_.int8() ? dt::s8 : dt::f32; }
   dt act_dt() const { return spec_.int8() ? dt::u8 : dt::f32; }
-  dt dst_dt() const { return split_ ? dt::s32 : act_dt(); }
-  bool with_bias() const { return !spec_.bias.empty() && !split_; }
+  // split: int8_split.h's mode (s32 output, no bias: the epilogue adds it)
+  dt dst_dt(bool split) const { return split ? dt::s32 : act_dt(); }
+  bool with_bias(bool split) const { return !spec_.bias.empty() && !split; }
   bool grouped() const { return spec_.groups > 1; }
 
   memory::dims wei_dims() const {
@@ -375,12 +387,12 @@ class OnednnConv final : public ConvKernel {
 
   // run: the shape's activation after the layer's own, as one more post-op (f32)
   dnnl::convolution_forward::primitive_desc make_pd(int64_t N, int64_t H, int64_t W, tag x_tag,
-                                                    tag y_tag, const memory::desc& wei_md,
+                                                    tag y_tag, const memory::desc& wei_md, bool split,
                                                     const ConvShape* run = nullptr) const {
     // A subsampling convolution's problems are the gathered pixels, stride 1.
     int64_t OH = H, OW = W;
     if (!subsample_) spec_.output_size(H, W, &OH, &OW);
-    auto attr = make_attr(quant_, spec_.per_channel() ? (grouped() ? 3 : 1) : 0,
+    auto attr = make_attr(split ? Quant::split : quant_, spec_.per_channel() ? (grouped() ? 3 : 1) : 0,
                           spec_.clamp_min, spec_.clamp_max);
     dnnl::algorithm post;
     float alpha, beta;
@@ -390,13 +402,13 @@ class OnednnConv final : public ConvKernel {
       attr.set_post_ops(po);
     }
     memory::desc src_md({N, spec_.IC, H, W}, act_dt(), x_tag);
-    memory::desc dst_md({N, spec_.OC, OH, OW}, dst_dt(), y_tag);
+    memory::desc dst_md({N, spec_.OC, OH, OW}, dst_dt(split), y_tag);
     const memory::dims strides{subsample_ ? 1 : spec_.stride_h, subsample_ ? 1 : spec_.stride_w};
     const memory::dims dilates{spec_.dil_h - 1, spec_.dil_w - 1};
     const memory::dims pad_l{spec_.pad_t, spec_.pad_l}, pad_r{spec_.pad_b, spec_.pad_r};
     const auto pk = dnnl::prop_kind::forward_inference;
     const auto alg = dnnl::algorithm::convolution_direct;
-    if (!with_bias()) {
+    if (!with_bias(split)) {
       return dnnl::convolution_forward::primitive_desc(engine(), pk, alg, src_md, wei_md, dst_md,
                                                        strides, dilates, pad_l, pad_r, attr);
     }
@@ -412,23 +424,23 @@ class OnednnConv final : public ConvKernel {
   // When the best kernel for a shape wants another layout, the weights are
   // re-packed from the packed form. Called under the cache's lock; sets
   // *relaid when it publishes a new packed_ (older primitives are then dropped).
-  Prim build(const ConvShape& s, bool* relaid) const {
+  Prim build(const ConvShape& s, bool split, bool* relaid) const {
     try {
       auto packed = std::atomic_load(&packed_);
       const memory::desc any(wei_dims(), wei_dt(), tag::any);
       const bool plain_nchw = s.x_layout == QPACK_LAYOUT_NCHW || s.y_layout == QPACK_LAYOUT_NCHW;
       if (plain_nchw) {
         try {
-          auto best = make_pd(s.N, s.H, s.W, layout_tag(s.x_layout), layout_tag(s.y_layout), any, &s);
+          auto best = make_pd(s.N, s.H, s.W, layout_tag(s.x_layout), layout_tag(s.y_layout), any, split, &s);
           if (!is_reference(best) && best.weights_desc() == packed->md()) {
             return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, s.post_act, s.post_min, s.post_max,
-                        false, dnnl::convolution_forward(best), best.scratchpad_desc().get_size()};
+                        false, split, dnnl::convolution_forward(best), best.scratchpad_desc().get_size()};
           }
         } catch (const dnnl::error&) {
           // fall through to the channels-last primitive
         }
       }
-      auto best = make_pd(s.N, s.H, s.W, tag::nhwc, tag::nhwc, any, &s);
+      auto best = make_pd(s.N, s.H, s.W, tag::nhwc, tag::nhwc, any, split, &s);
       if (!(best.weights_desc() == packed->md())) {
         // Re-pack (copy-on-write) or, past kMaxRelayouts, keep a private copy.
         auto moved = relayout(best.weights_desc(), s);
@@ -441,22 +453,22 @@ class OnednnConv final : public ConvKernel {
         packed = moved;
       }
       return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, s.post_act, s.post_min, s.post_max,
-                  plain_nchw, dnnl::convolution_forward(best), best.scratchpad_desc().get_size()};
+                  plain_nchw, split, dnnl::convolution_forward(best), best.scratchpad_desc().get_size()};
     } catch (const dnnl::error& e) {
       fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN has no convolution for input ", s.N, "x",
            spec_.IC, "x", s.H, "x", s.W, " with the packed weight layout: ", e.what());
     }
   }
 
-  void execute_conv(const ConvShape& s, void* src, void* dst, const RunQuant* rq) const {
+  void execute_conv(const ConvShape& s, void* src, void* dst, const RunQuant* rq, bool split) const {
     bool relaid = false;
     const auto held = prims_.get(
-        [&s](const Prim& p) {
-          return p.N == s.N && p.H == s.H && p.W == s.W && p.x_layout == s.x_layout &&
+        [&s, split](const Prim& p) {
+          return p.split == split && p.N == s.N && p.H == s.H && p.W == s.W && p.x_layout == s.x_layout &&
                  p.y_layout == s.y_layout && p.post_act == s.post_act && p.post_min == s.post_min &&
                  p.post_max == s.post_max;
         },
-        [&] { return build(s, &relaid); },
+        [&] { return build(s, split, &relaid); },
         // Primitives built on a replaced layout are rebuilt on demand, so the
         // old copy is freed once in-flight runs end.
         [&relaid](const Prim& old, const Prim& fresh) {
@@ -465,7 +477,7 @@ class OnednnConv final : public ConvKernel {
     const Prim& prim = held->prim;
     const memory::dims src_dims{s.N, spec_.IC, s.H, s.W}, dst_dims{s.N, spec_.OC, s.OH, s.OW};
     memory src_user({src_dims, act_dt(), layout_tag(s.x_layout)}, engine(), src);
-    memory dst_user({dst_dims, dst_dt(), layout_tag(s.y_layout)}, engine(), dst);
+    memory dst_user({dst_dims, dst_dt(split), layout_tag(s.y_layout)}, engine(), dst);
     memory src_m = src_user, dst_m = dst_user;
     // Channels-last copies (via_nhwc only) in per-thread buffers.
     const bool copy_src = prim.via_nhwc && s.x_layout == QPACK_LAYOUT_NCHW;
@@ -476,15 +488,15 @@ class OnednnConv final : public ConvKernel {
       reorder(src_user, src_m);
     }
     if (copy_dst) {
-      memory::desc md(dst_dims, dst_dt(), tag::nhwc);
+      memory::desc md(dst_dims, dst_dt(split), tag::nhwc);
       dst_m = memory(md, engine(), thread_buffer(ThreadBuffer::nhwc_dst, md.get_size()));
     }
     ExecArgs args;
     args.add(DNNL_ARG_SRC, src_m);
     args.add(DNNL_ARG_WEIGHTS, prim.weights->mem);
     args.add(DNNL_ARG_DST, dst_m);
-    if (with_bias()) args.add(DNNL_ARG_BIAS, bias_);
-    if (rq != nullptr) add_quant_args(args, quant_, *rq, wei_scales_);
+    if (with_bias(split)) args.add(DNNL_ARG_BIAS, bias_);
+    if (rq != nullptr) add_quant_args(args, split ? Quant::split : quant_, *rq, wei_scales_);
     execute(prim.primitive, args, prim.scratch_size, "convolution");
     if (copy_dst) reorder(dst_m, dst_user);
   }
@@ -528,10 +540,10 @@ class OnednnConv final : public ConvKernel {
     counters_.hit();
   }
 
-  const bool split_;  // int8 without VNNI: split input, s32 primitive, C++ epilogue
+  const bool split_;  // int8 without VNNI: wide inputs run split (int8_split.h)
   const bool subsample_;  // split_ and a strided 1x1: gather the pixels read, run stride 1
   const OwnKernel own_ = own_kernel_for(spec_);  // static int8 on qpack's kernel, where it fits
-  const Quant quant_;
+  const Quant quant_;  // of the fused primitive
   mutable std::shared_ptr<const Packed> packed_;  // atomic_load/store only
   mutable int relayouts_ = 0;                     // guarded by the cache's lock
   memory bias_;

@@ -1,6 +1,7 @@
 #include "backends/onednn/int8_split.h"
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -96,6 +97,20 @@ void epilogue(const int32_t* acc, int64_t outer, int64_t C, int64_t inner, const
 }
 
 }  // namespace
+
+bool narrow(const uint8_t* x, int64_t n, int32_t zero_point) {
+  if (zero_point < 0 || zero_point > 127) return false;
+  // OR of every byte, eight at a time (the compiler vectorizes the loop)
+  uint64_t any = 0;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, x + i, 8);
+    any |= w;
+  }
+  for (; i < n; ++i) any |= x[i];
+  return (any & 0x8080808080808080ull) == 0;
+}
 
 SplitInput split_input(const uint8_t* x, int64_t n, int32_t zero_point, int64_t n_out) {
   const size_t size = 2 * (static_cast<size_t>(n_out) * sizeof(int32_t) + static_cast<size_t>(n));

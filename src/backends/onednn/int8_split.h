@@ -20,6 +20,13 @@
 // computed at run time by gemm:jit); it depends on the mask, not on the value.
 // u8 sources need no s8s8 compensation. The packed layout is queried at pack
 // time with the attributes of the mode the ISA selects, so it always matches.
+//
+// Narrow inputs need no split: when every byte of the input and its zero point
+// are below 128, a pair sum is at most 2 * 127 * 128 = 32512 in magnitude, and
+// the fused primitive (requantization, bias and clamp in oneDNN) is exact. A
+// scan of the input decides per run (narrow()); a static int8 graph calibrated
+// for such a CPU maps its values to [0, 127] (PyTorch's reduce_range), so its
+// layers take the fused path unless a value passes its calibrated range.
 #pragma once
 
 #include <cstddef>
@@ -35,6 +42,8 @@ struct SplitInput {
   int32_t zero_point;  // the halves' common source zero point
   int32_t* acc;        // [2][n_out], not initialised
 };
+// True when every x[i] < 128 and zero_point < 128: the fused primitive is exact.
+bool narrow(const uint8_t* x, int64_t n, int32_t zero_point);
 SplitInput split_input(const uint8_t* x, int64_t n_in, int32_t zero_point, int64_t n_out);
 
 // acc holds the two halves' s32 accumulators, [2][outer][C][inner]; the

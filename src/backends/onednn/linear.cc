@@ -11,6 +11,8 @@
 // On ISAs without VNNI the int8 modes run split (int8_split.h): one u8 x s8
 // -> s32 primitive over the two halves of the input stacked as 2M rows, and
 // the epilogue in C++. The packed layout is queried with those attributes.
+// Narrow inputs (every byte and the zero point below 128) run the fused
+// primitive there too, on the same packed weight: exact, at half the work.
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -31,6 +33,7 @@ using tag = dnnl::memory::format_tag;
 
 struct Prim {
   int64_t M;
+  bool split;  // int8_split.h's mode
   dnnl::matmul primitive;
   size_t scratch_size;
 };
@@ -40,7 +43,7 @@ class OnednnLinear final : public LinearKernel {
   OnednnLinear(const LinearSpec& spec, const void* weight)
       : LinearKernel(spec),
         split_(spec.int8() && !isa_has_vnni()),
-        quant_(quant_of(spec, split_)) {
+        quant_(quant_of(spec, false)) {
     init([&](const memory::desc& md) {
       packed_ = memory(md, engine());
       reorder(plain(const_cast<void*>(weight)), packed_);
@@ -52,7 +55,7 @@ class OnednnLinear final : public LinearKernel {
   OnednnLinear(const LinearSpec& spec, const SavedForm& form)
       : LinearKernel(spec),
         split_(spec.int8() && !isa_has_vnni()),
-        quant_(quant_of(spec, split_)) {
+        quant_(quant_of(spec, false)) {
     const BlockedLayout saved = BlockedLayout::parse(form.layout, form.what);
     const size_t elem = spec_.weight_elem_size();
     check(saved.ndims == 2 && saved.dims[0] == spec_.K && saved.dims[1] == spec_.N &&
@@ -98,7 +101,7 @@ class OnednnLinear final : public LinearKernel {
  protected:
   void do_run_f32(int64_t M, const float* x, float* y) const override {
     if (spec_.mode == QPACK_MODE_F32) {
-      execute_matmul(M, const_cast<float*>(x), y, nullptr);
+      execute_matmul(M, const_cast<float*>(x), y, nullptr, false);
       return;
     }
     // Dynamic: choose the input's parameters as PyTorch does, quantize, run u8 x s8 -> f32.
@@ -122,9 +125,9 @@ class OnednnLinear final : public LinearKernel {
   void init(const Place& place) {
     try {
       apply_num_threads();
-      auto pd = make_pd(kPackBatch, memory::desc({spec_.K, spec_.N}, wei_dt(), tag::any));
+      auto pd = make_pd(kPackBatch, memory::desc({spec_.K, spec_.N}, wei_dt(), tag::any), split_);
       place(pd.weights_desc());
-      if (with_bias()) {
+      if (!spec_.bias.empty()) {
         bias_ = memory({{1, spec_.N}, dt::f32, tag::ab}, engine(),
                        const_cast<float*>(spec_.bias.data()));
       }
@@ -141,29 +144,30 @@ class OnednnLinear final : public LinearKernel {
 
   dt wei_dt() const { return spec_.int8() ? dt::s8 : dt::f32; }
   dt src_dt() const { return spec_.int8() ? dt::u8 : dt::f32; }
-  dt dst_dt() const {
-    if (split_) return dt::s32;
+  // split: int8_split.h's mode (s32 output, no bias: the epilogue adds it)
+  dt dst_dt(bool split) const {
+    if (split) return dt::s32;
     return spec_.static_int8() ? dt::u8 : dt::f32;
   }
-  bool with_bias() const { return !spec_.bias.empty() && !split_; }
+  bool with_bias(bool split) const { return !spec_.bias.empty() && !split; }
   memory plain(void* data) const {
     return memory({{spec_.K, spec_.N}, wei_dt(), tag::ba}, engine(), data);
   }
 
-  dnnl::matmul::primitive_desc make_pd(int64_t M, const memory::desc& wei_md) const {
-    const auto attr =
-        make_attr(quant_, spec_.per_channel() ? (1 << 1) : 0, spec_.clamp_min, spec_.clamp_max);
+  dnnl::matmul::primitive_desc make_pd(int64_t M, const memory::desc& wei_md, bool split) const {
+    const auto attr = make_attr(split ? Quant::split : quant_, spec_.per_channel() ? (1 << 1) : 0,
+                                spec_.clamp_min, spec_.clamp_max);
     memory::desc src_md({M, spec_.K}, src_dt(), tag::ab);
-    memory::desc dst_md({M, spec_.N}, dst_dt(), tag::ab);
-    if (!with_bias()) return dnnl::matmul::primitive_desc(engine(), src_md, wei_md, dst_md, attr);
+    memory::desc dst_md({M, spec_.N}, dst_dt(split), tag::ab);
+    if (!with_bias(split)) return dnnl::matmul::primitive_desc(engine(), src_md, wei_md, dst_md, attr);
     memory::desc bia_md({1, spec_.N}, dt::f32, tag::ab);
     return dnnl::matmul::primitive_desc(engine(), src_md, wei_md, bia_md, dst_md, attr);
   }
 
-  Prim build(int64_t M) const {
+  Prim build(int64_t M, bool split) const {
     try {
-      auto pd = make_pd(M, packed_.get_desc());
-      return Prim{M, dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
+      auto pd = make_pd(M, packed_.get_desc(), split);
+      return Prim{M, split, dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
     } catch (const dnnl::error& e) {
       fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN has no matmul for batch ", M,
            " with the packed weight layout: ", e.what());
@@ -172,13 +176,13 @@ class OnednnLinear final : public LinearKernel {
 
   // Static (u8 out) or dynamic (f32 out) int8 on a u8 input.
   void run_int8(int64_t M, const uint8_t* x, const RunQuant& rq, void* y) const {
-    if (!split_) {
-      execute_matmul(M, const_cast<uint8_t*>(x), y, &rq);
+    if (!split_ || narrow(x, M * spec_.K, rq.src_zp)) {
+      execute_matmul(M, const_cast<uint8_t*>(x), y, &rq, false);
       return;
     }
     const auto split = split_input(x, M * spec_.K, rq.src_zp, M * spec_.N);
     const RunQuant split_rq{1.0f, split.zero_point, 1.0f, 0};
-    execute_matmul(2 * M, split.halves, split.acc, &split_rq);
+    execute_matmul(2 * M, split.halves, split.acc, &split_rq, true);
     const Epilogue e{rq.src_scale, spec_.weight_scales.data(), spec_.per_channel(),
                      spec_.bias.empty() ? nullptr : spec_.bias.data(),
                      spec_.clamp_min, spec_.clamp_max, rq.dst_scale, rq.dst_zp};
@@ -189,24 +193,24 @@ class OnednnLinear final : public LinearKernel {
     }
   }
 
-  void execute_matmul(int64_t M, void* src, void* dst, const RunQuant* rq) const {
-    const auto held = prims_.get([M](const Prim& p) { return p.M == M; },
-                                 [&] { return build(M); },
+  void execute_matmul(int64_t M, void* src, void* dst, const RunQuant* rq, bool split) const {
+    const auto held = prims_.get([M, split](const Prim& p) { return p.M == M && p.split == split; },
+                                 [&] { return build(M, split); },
                                  [](const Prim&, const Prim&) { return true; });
     const Prim& prim = held->prim;
     const memory src_m({{M, spec_.K}, src_dt(), tag::ab}, engine(), src);
-    const memory dst_m({{M, spec_.N}, dst_dt(), tag::ab}, engine(), dst);
+    const memory dst_m({{M, spec_.N}, dst_dt(split), tag::ab}, engine(), dst);
     ExecArgs args;
     args.add(DNNL_ARG_SRC, src_m);
     args.add(DNNL_ARG_WEIGHTS, packed_);
     args.add(DNNL_ARG_DST, dst_m);
-    if (with_bias()) args.add(DNNL_ARG_BIAS, bias_);
-    if (rq != nullptr) add_quant_args(args, quant_, *rq, wei_scales_);
+    if (with_bias(split)) args.add(DNNL_ARG_BIAS, bias_);
+    if (rq != nullptr) add_quant_args(args, split ? Quant::split : quant_, *rq, wei_scales_);
     execute(prim.primitive, args, prim.scratch_size, "matmul");
   }
 
-  const bool split_;  // int8 without VNNI: split input, s32 primitive, C++ epilogue
-  const Quant quant_;
+  const bool split_;  // int8 without VNNI: wide inputs run split (int8_split.h)
+  const Quant quant_;  // of the fused primitive
   memory packed_;
   std::shared_ptr<const void> keep_;  // the model file packed_ points into, if any
   memory bias_;

@@ -51,6 +51,7 @@ BackendOps ops() {
   BackendOps o;
   o.available = [] { return true; };
   o.describe = describe;
+  o.int8_input_max = [] { return isa_has_vnni() ? 255 : 127; };
   o.asymmetric_weights = false;  // u8 x s8 with weight zero point 0 only
   o.build_id = build_id;
   o.isa = isa_name;

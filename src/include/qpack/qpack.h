@@ -128,6 +128,10 @@ QPACK_API qpack_status qpack_build_info_string(char* buf, size_t size);
  * call and what qpack.freeze calibrates static layers with. */
 QPACK_API qpack_status qpack_choose_qparams_u8(float min, float max, float* scale_out,
                                                int32_t* zero_point_out);
+/* The same rule onto [0, qmax] (qmax in [1, 255]): 127 for a backend whose
+ * qpack_backend_int8_input_max is 127. */
+QPACK_API qpack_status qpack_choose_qparams_u8_max(float min, float max, int32_t qmax,
+                                                   float* scale_out, int32_t* zero_point_out);
 
 /* ---- backends ------------------------------------------------------------ */
 
@@ -155,6 +159,12 @@ QPACK_API qpack_status qpack_backend_get_info(int index, qpack_backend_info* inf
 /* Writes a NUL-terminated, human-readable description into buf. */
 QPACK_API qpack_status qpack_backend_describe(qpack_backend backend, char* buf, size_t size);
 QPACK_API int qpack_backend_available(qpack_backend backend);
+/* The largest uint8 input value the backend's static int8 kernels take at full
+ * speed on this CPU: 255, or 127 for oneDNN on a CPU without VNNI, whose u8 x s8
+ * kernels would saturate int16 pair sums there: qpack then runs wider inputs
+ * split, exact at twice the work, and calibrates graphs to [0, 127] (as
+ * PyTorch's reduce_range). 0 when the backend is not available. */
+QPACK_API int qpack_backend_int8_input_max(qpack_backend backend);
 
 /* Counters of one packed object (every op, every backend and mode). */
 typedef struct qpack_op_stats {
