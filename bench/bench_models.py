@@ -10,7 +10,9 @@ MiniLM). Configurations: torch eager fp32, torch.jit.optimize_for_inference,
 ONNX Runtime fp32, ONNX Runtime static int8 (QDQ, per-channel s8 weights, u8
 activations), PyTorch FX post-training quantization (x86 and qnnpack engines),
 qpack fp32 = qpack.freeze(model), qpack int8 (onednn / qnnpack) =
-qpack.freeze(model, dtype="int8", example_inputs=calib, backend=...). Every
+qpack.freeze(model, dtype="int8", example_inputs=calib, backend=...); on a
+CPU without VNNI also qpack int8 (onednn, reduce_range) (activations onto
+[0, 127], the inputs oneDNN's fused int8 kernels take exactly there). Every
 int8 configuration is calibrated on the same batches.
 
 Each row is built at its thread count and timed there (medians). Beside each
@@ -193,6 +195,11 @@ def jit_opt(model, example):
         return torch.jit.optimize_for_inference(torch.jit.freeze(traced.eval()))
 
 
+# oneDNN without VNNI takes only uint8 inputs below 128 on its fused int8 kernels (wider ones
+# run split, exact at twice the work): there the tables add qpack with reduce_range=True.
+NARROW_ONLY = qpack.backends()["onednn"].get("int8_input_max", 255) == 127
+
+
 def configurations(model, example, calib, onnx):
     """(name, dtype, make(threads)) for every configuration of one model."""
     has_conv = any(isinstance(m, (nn.Conv1d, nn.Conv2d)) for m in model.modules())
@@ -216,6 +223,9 @@ def configurations(model, example, calib, onnx):
     for backend in ("onednn", "qnnpack"):
         yield f"qpack int8 ({backend})", "int8", lambda t, backend=backend: qpack.freeze(
             model, dtype="int8", backend=backend, retain=False, example_inputs=calib)
+    if calib is not None and NARROW_ONLY:
+        yield "qpack int8 (onednn, reduce_range)", "int8", lambda t: qpack.freeze(
+            model, dtype="int8", backend="onednn", retain=False, example_inputs=calib, reduce_range=True)
 
 
 def weight_mb(model):
@@ -388,7 +398,7 @@ def models_table(bench, args, threads):
                 rows.append([name, cfg, graph] + cells + [mb, err])
         if calib is not None and any(k.startswith("torch FX") for k in errs):
             fx = errs.get("torch FX PTQ int8 (x86)")
-            for cfg in ("qpack int8 (onednn)", "qpack int8 (qnnpack)"):
+            for cfg in ("qpack int8 (onednn)", "qpack int8 (qnnpack)", "qpack int8 (onednn, reduce_range)"):
                 if cfg in errs:
                     verdict = "-" if fx is None else ("yes" if errs[cfg] <= fx else "NO")
                     errors.append([name, cfg, f"{errs[cfg]:.4f}", "-" if fx is None else f"{fx:.4f}",
@@ -459,6 +469,9 @@ def layers_table(bench, args):
                                                                     retain=False, example_inputs=calib)),
                          ("qpack (qnnpack)", lambda t: qpack.freeze(model, dtype="int8", backend="qnnpack",
                                                                      retain=False, example_inputs=calib))]}
+            if NARROW_ONLY:
+                cfgs["int8"].append(("qpack (onednn, reduce_range)", lambda t: qpack.freeze(
+                    model, dtype="int8", backend="onednn", retain=False, example_inputs=calib, reduce_range=True)))
             for dtype, entries in cfgs.items():
                 results = []
                 for cfg, make in entries:
