@@ -35,7 +35,8 @@ class CowCache {
     auto next = std::make_shared<List>();
     Ptr fresh = std::make_shared<const Entry>(build());
     next->push_back(fresh);
-    for (const auto& old : *std::atomic_load(&list_)) {
+    const auto current = std::atomic_load(&list_);  // (see find)
+    for (const auto& old : *current) {
       if (!keep(*old, *fresh)) continue;
       if (next->size() >= capacity_) {
         if (counters_ != nullptr) counters_->evicted();
@@ -60,7 +61,13 @@ class CowCache {
 
   template <typename Matches>
   Ptr find(const Matches& matches) const {
-    for (const auto& e : *std::atomic_load(&list_)) {
+    // The list held for the whole loop: `for (e : *std::atomic_load(&list_))` drops the
+    // loaded pointer before the loop runs (a range-for extends the life of the list
+    // reference, not of the temporary shared_ptr), so a builder publishing a new list
+    // could free the one being read (TSan saw it: two threads building primitives for
+    // one convolution on a CPU without VNNI).
+    const auto list = std::atomic_load(&list_);
+    for (const auto& e : *list) {
       if (matches(*e)) {
         if (counters_ != nullptr) counters_->hit();
         return e;
