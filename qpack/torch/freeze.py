@@ -631,7 +631,7 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
         segs = _g.segments(gm)
         if not segs:
             return None
-        qp = _g.qparams_by_name(segs, _g.calibrate(gm, batches, show_progress), qmax)
+        qp = _g.qparams_by_name(segs, _calibrate_edges(gm, batches, show_progress, qmax), qmax)
     except _g.Unsupported:
         return None
     if any(layer.mode != "f32" for seg in segs for layer in seg.layers):
@@ -644,25 +644,50 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
     return fp32
 
 
+def _calibrate_edges(gm, batches, show_progress, qmax):
+    """Per-edge (min, max) over the calibration batches; onto 7 bits (reduce_range) the
+    ranges are then clipped where that lowers the expected quantization error (a second
+    pass: graph.refine_ranges). Measured on MobileNetV2 / ResNet-18 at 7 bits, relative
+    error against fp32 0.381 -> 0.269 and 0.076 -> 0.063; at 8 bits it moved them
+    0.254 -> 0.231 and 0.0446 -> 0.0455, so 8 bits keep min / max."""
+    from qpack.torch import graph as _g
+    ranges = _g.calibrate(gm, batches, show_progress)
+    return _g.refine_ranges(gm, batches, ranges, qmax) if qmax < 255 else ranges
+
+
 def _int8_graph_layers(segs, qp, backend, retain, show_progress):
     """{id(fp32 layer): its static int8 twin} for the layers of lowered segments,
-    on the per-edge qparams ``qp`` (by fx node name) of their input and output."""
+    on the per-edge qparams ``qp`` (by fx node name) of their input and output; with
+    ``qp.qmax`` < 255 (reduce_range) each clamps its output onto [0, qmax]."""
     from qpack.torch import graph as _g
     replacements = {}
+    qmax = getattr(qp, "qmax", 255)
     todo = [(seg, n) for seg in segs for n in seg.nodes if "layer" in n]
     for seg, n in _g.progress(todo, len(todo), "qpack pack int8", show_progress):
         layer = n["layer"]
         if id(layer) not in replacements:
-            replacements[id(layer)] = _static_int8(layer, qp[seg.values[n["inputs"][0]].name],
-                                                   qp[seg.values[n["output"]].name], backend, retain)
+            out_qp = qp[seg.values[n["output"]].name]
+            activation = layer.activation
+            if qmax < 255:
+                activation = _within(activation, *_g.narrow_bounds(*out_qp, qmax))
+            replacements[id(layer)] = _static_int8(layer, qp[seg.values[n["inputs"][0]].name], out_qp, backend,
+                                                   retain, activation)
     return replacements
 
 
-def _static_int8(layer, in_qp, out_qp, backend, retain):
-    """A frozen fp32 layer's static int8 twin (per-channel weights; uint8 (scale, zero point) in and out)."""
+def _within(activation, lo, hi):
+    """The layer activation that also clamps to [lo, hi], as a hardtanh."""
+    a, b = _clamp_range((lo, hi), activation)
+    return ("hardtanh", float(a), float(b))
+
+
+def _static_int8(layer, in_qp, out_qp, backend, retain, activation=...):
+    """A frozen fp32 layer's static int8 twin (per-channel weights; uint8 (scale, zero point) in and out;
+    the layer's own activation unless given)."""
     w, b = layer.unpack()
     q, s = _q.quantize_weight_per_channel(w)
-    common = dict(weight_scale=s, activation=layer.activation, backend=backend, retain=retain,
+    activation = layer.activation if activation is ... else activation
+    common = dict(weight_scale=s, activation=activation, backend=backend, retain=retain,
                   source="qpack_int8", folded_bn=layer._spec.get("folded_bn", False),
                   input_scale=in_qp[0], input_zero_point=in_qp[1], output_scale=out_qp[0], output_zero_point=out_qp[1])
     if isinstance(layer, (FrozenConv1d, FrozenConv2d)):
@@ -729,7 +754,7 @@ def _freeze_int8_parts(fp32, backend, retain, batches, show_progress, qmax):
         if not inputs[name] or None in inputs[name]:
             continue  # never called, or with keywords: its layers one by one
         try:
-            qp = _g.qparams_by_name(segs, _g.calibrate(gm, inputs[name], False), qmax)
+            qp = _g.qparams_by_name(segs, _calibrate_edges(gm, inputs[name], False, qmax), qmax)
         except Exception:  # noqa: BLE001 - its trace cannot run what its forward was given
             continue
         replacements.update(_int8_graph_layers(segs, qp, backend, retain, show_progress))

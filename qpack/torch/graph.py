@@ -1280,6 +1280,110 @@ def calibrate(gm, batches, show_progress=None):
     return ranges
 
 
+class QParams(dict):
+    """{fx node name: (scale, zero_point)} of an int8 graph, chosen onto [0, qmax]
+    (freeze's reduce_range: 127). It travels with the runner (deepcopy, pickle), so a
+    rebuilt graph clamps its values to qmax again (Segment)."""
+    qmax = 255
+
+
+def narrow_bounds(scale, zero_point, qmax):
+    """(lowest, highest) float a u8 value on [0, qmax] holds: a clamp to them keeps the
+    value's bytes in [0, qmax]."""
+    return -zero_point * scale, (qmax - zero_point) * scale
+
+
+_RANGE_KEEPING = ("maxpool2d", "flatten", "channels", "channel_range", "resize_nearest")
+
+
+def _narrow_values(nodes, values, outputs, qmax):
+    """Every u8 value of the graph kept on [0, qmax] (qmax < 255: reduce_range), so that a
+    convolution or linear never reads a byte above it, whatever the data: the u8 add
+    clamps in its activation, an f32 input is clamped before its quantize, and any other
+    u8 producer but conv2d / linear (whose layers clamp themselves: freeze's
+    _int8_graph_layers) and the range-keeping ops is followed by a u8 clamp node.
+    Returns (nodes, values, outputs)."""
+    values, outputs, out = list(values), list(outputs), []
+    for n in nodes:
+        v = n["output"]
+        kind = n["kind"]
+        u8 = values[v][0] == "u8"
+        keeps = kind in _RANGE_KEEPING or (kind == "concat" and all(values[i] == values[v] for i in n["inputs"]))
+        if not u8 or kind in ("conv2d", "linear") or keeps:
+            out.append(n)
+            continue
+        lo, hi = narrow_bounds(values[v][1], values[v][2], qmax)
+        if kind == "quantize":  # clamp the float input first
+            values.append(("f32", 0.0, 0))
+            out.append(dict(kind="activation", inputs=list(n["inputs"]), output=len(values) - 1,
+                            activation="clamp", act_min=lo, act_max=hi))
+            out.append(dict(n, inputs=[len(values) - 1]))
+            continue
+        if kind == "add" and n.get("activation") in (None, "none", "relu", "clamp"):
+            act = n.get("activation")
+            a_lo = 0.0 if act == "relu" else (max(lo, n["act_min"]) if act == "clamp" else lo)
+            a_hi = min(hi, n["act_max"]) if act == "clamp" else hi
+            out.append(dict(n, activation="clamp", act_min=a_lo, act_max=a_hi))
+            continue
+        values.append(values[v])  # the clamped copy: later readers and outputs take it
+        w = len(values) - 1
+        out.append(n)
+        out.append(dict(kind="activation", inputs=[v], output=w, activation="clamp", act_min=lo, act_max=hi))
+        for later in nodes[nodes.index(n) + 1:]:
+            later["inputs"] = [w if i == v else i for i in later["inputs"]]
+        outputs = [w if o == v else o for o in outputs]
+    return out, values, outputs
+
+
+_BINS = 2048
+
+
+def refine_ranges(gm, batches, ranges, qmax, names=None):
+    """Ranges clipped where that lowers the expected squared error of quantizing onto
+    qmax + 1 levels (as PyTorch's HistogramObserver does): a second pass over the
+    calibration batches counts each value's elements in 2048 bins over its [min, max];
+    the clip [a, b] (bin edges, 0 kept inside) minimizes sum over elements of the
+    rounding error (step^2 / 12, step = (b - a) / qmax) inside and the squared distance
+    to the clip outside. ``names``: the values to refine (None: all)."""
+    import numpy as np
+
+    hists = {}
+
+    class Counter(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            r = ranges.get(n.name)
+            if r is not None and (names is None or n.name in names) and torch.is_tensor(out) \
+                    and out.is_floating_point() and out.numel() and r[1] > r[0]:
+                h = torch.histc(out.detach().float(), _BINS, r[0], r[1]).double().numpy()
+                hists[n.name] = hists.get(n.name, 0) + h
+            return out
+
+    counter = Counter(gm)
+    with torch.no_grad():
+        for batch in batches:
+            counter.run(*(batch if isinstance(batch, tuple) else (batch,)))
+    out = dict(ranges)
+    for name, c in hists.items():
+        lo, hi = ranges[name]
+        w = (hi - lo) / _BINS
+        x = lo + (np.arange(_BINS) + 0.5) * w
+        edges = lo + np.arange(_BINS + 1) * w
+        # prefix sums of c, c x, c x^2: the clipping error of [a, b] in O(1)
+        c0, c1, c2 = (np.concatenate([[0.0], np.cumsum(c * x ** k)]) for k in (0, 1, 2))
+        zero = min(max(int(np.floor((0.0 - lo) / w)), 0), _BINS)  # a <= 0 <= b
+        ia = np.unique(np.linspace(0, zero, min(zero + 1, 256)).astype(int))
+        ib = np.unique(np.linspace(min(zero + 1, _BINS), _BINS, min(_BINS - zero, 256)).astype(int))
+        a, b = edges[ia][:, None], edges[ib][None, :]
+        below = c2[ia][:, None] - 2 * a * c1[ia][:, None] + a * a * c0[ia][:, None]
+        above = (c2[-1] - c2[ib])[None, :] - 2 * b * (c1[-1] - c1[ib])[None, :] + b * b * (c0[-1] - c0[ib])[None, :]
+        inside = (c0[ib][None, :] - c0[ia][:, None]) * ((b - a) / qmax) ** 2 / 12
+        err = below + above + inside
+        i, j = np.unravel_index(np.argmin(err), err.shape)
+        out[name] = (float(min(edges[ia[i]], 0.0)), float(max(edges[ib[j]], 0.0)))
+    return out
+
+
 def value_qparams(seg, ranges, qmax=255):
     """u8 (scale, zero_point) per value of a segment: its own calibrated range onto [0, qmax]
     (freeze's reduce_range: 127), except where the op keeps its input's (max pooling, flatten,
@@ -1298,8 +1402,10 @@ def value_qparams(seg, ranges, qmax=255):
 
 
 def qparams_by_name(segs, ranges, qmax=255):
-    """{fx node name: (scale, zero_point)} for every value of the segments, onto [0, qmax]."""
-    out = {}
+    """{fx node name: (scale, zero_point)} for every value of the segments, onto [0, qmax]
+    (a QParams)."""
+    out = QParams()
+    out.qmax = qmax
     for seg in segs:
         for v, qp in value_qparams(seg, ranges, qmax).items():
             out[seg.values[v].name] = qp
@@ -1358,6 +1464,9 @@ class Segment:
                 f32_out.append(len(values) - 1)
                 nodes.append(dict(kind="dequantize", inputs=[v], output=len(values) - 1))
             inputs, outputs = f32_in, f32_out
+            qmax = getattr(qparams, "qmax", 255)
+            if qmax < 255:
+                nodes, values, outputs = _narrow_values(nodes, values, outputs, qmax)
         self.spec = dict(values=values, nodes=nodes, inputs=inputs, outputs=outputs,
                          output_is_tuple=low.output_is_tuple)
         self.handle = None
@@ -1757,6 +1866,6 @@ def progress(iterable, total, desc, enabled):
     return iterable
 
 
-__all__ = ["GraphRunner", "Segment", "Unsupported", "attach", "attach_parts", "calibrate", "detach", "graph_parts",
-           "graph_report", "worth_part",
+__all__ = ["GraphRunner", "QParams", "Segment", "Unsupported", "attach", "attach_parts", "calibrate", "detach",
+           "graph_parts", "graph_report", "narrow_bounds", "refine_ranges", "worth_part",
            "progress", "qparams_by_name", "runner_of", "segments", "value_qparams"]
