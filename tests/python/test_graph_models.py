@@ -8,6 +8,7 @@ blocks of SqueezeNet / DenseNet / Inception / MobileNetV3 / EfficientNet /
 ResNet-50: each must freeze, as one graph where every op is one the core runs,
 and match PyTorch (fp32 within 1e-4 of eager; int8 within two quanta of the
 per-edge reference of test_graph.py)."""
+import copy
 import pickle
 
 import pytest
@@ -606,6 +607,10 @@ def test_reduce_range_calibrates_every_value_to_7_bits(backend):
         for xs in (x, 3 * x):
             err = float((narrow(xs) - per_edge_reference(narrow, xs)).abs().max())
             assert err <= 2 * out_s + 1e-6, (err, out_s)
+        for copied in (copy.deepcopy(narrow), pickle.loads(pickle.dumps(narrow))):  # qmax travels
+            assert G.runner_of(copied)._qparams.qmax == 127
+            assert [n["kind"] for n in G.runner_of(copied)._spec["nodes"]][:2] == ["activation", "quantize"]
+            assert torch.equal(copied(3 * x), narrow(3 * x))
     with pytest.raises(qpack.InvalidTypeError, match="reduce_range must be True or False"):
         qpack.freeze(model, dtype="int8", example_inputs=calib, reduce_range="yes")
 
