@@ -1373,7 +1373,7 @@ def refine_ranges(gm, batches, ranges, qmax, names=None):
         c0, c1, c2 = (np.concatenate([[0.0], np.cumsum(c * x ** k)]) for k in (0, 1, 2))
         zero = min(max(int(np.floor((0.0 - lo) / w)), 0), _BINS)  # a <= 0 <= b
         ia = np.unique(np.linspace(0, zero, min(zero + 1, 256)).astype(int))
-        ib = np.unique(np.linspace(min(zero + 1, _BINS), _BINS, min(_BINS - zero, 256)).astype(int))
+        ib = np.unique(np.linspace(min(zero + 1, _BINS), _BINS, max(min(_BINS - zero, 256), 1)).astype(int))
         a, b = edges[ia][:, None], edges[ib][None, :]
         below = c2[ia][:, None] - 2 * a * c1[ia][:, None] + a * a * c0[ia][:, None]
         above = (c2[-1] - c2[ib])[None, :] - 2 * b * (c1[-1] - c1[ib])[None, :] + b * b * (c0[-1] - c0[ib])[None, :]

@@ -628,6 +628,10 @@ def test_refine_ranges_clips_outliers_not_the_bulk():
     normal = torch.randn(200000, generator=g)
     normal[0] = 20.0
     uniform = torch.rand(200000, generator=g) * 4 - 1
+    negative = -torch.rand(1000, generator=g)  # every value below 0: the range ends at 0
+    ranges = G.calibrate(gm, [negative])
+    assert all(lo0 <= lo <= hi == 0 for (lo0, _), (lo, hi) in
+               zip(ranges.values(), G.refine_ranges(gm, [negative], ranges, 127).values()))
     for data, outlier in ((normal, True), (uniform, False)):
         ranges = G.calibrate(gm, [data])
         refined = G.refine_ranges(gm, [data], ranges, 127)
