@@ -141,8 +141,7 @@ class OnednnConv final : public ConvKernel {
       : ConvKernel(spec),
         // Depthwise int8 kernels widen to 32 bits: exact without VNNI.
         split_(spec.int8() && !spec.depthwise() && !isa_has_vnni()),
-        subsample_(split_ && subsamples(spec)),
-        quant_(quant_of(spec, false)) {
+        subsample_(split_ && subsamples(spec)) {
     // Pack for a representative channels-last problem; other shapes reuse the layout.
     const int64_t H = std::max<int64_t>(kPackSize, spec_.dil_h * (spec_.KH - 1) + 1);
     const int64_t W = std::max<int64_t>(kPackSize, spec_.dil_w * (spec_.KW - 1) + 1);
@@ -156,8 +155,7 @@ class OnednnConv final : public ConvKernel {
   OnednnConv(const ConvSpec& spec, const SavedForm& form)
       : ConvKernel(spec),
         split_(spec.int8() && !spec.depthwise() && !isa_has_vnni()),
-        subsample_(split_ && subsamples(spec)),
-        quant_(quant_of(spec, false)) {
+        subsample_(split_ && subsamples(spec)) {
     const BlockedLayout saved = BlockedLayout::parse(form.layout, form.what);
     const auto dims = wei_dims();
     bool dims_ok = saved.ndims == static_cast<int32_t>(dims.size());
@@ -335,11 +333,6 @@ class OnednnConv final : public ConvKernel {
     return relayout_from_plain(plain.data(), md, s.N, s.H, s.W);
   }
 
-  static bool is_reference(const dnnl::convolution_forward::primitive_desc& pd) {
-    // oneDNN's reference implementations are named "ref:...".
-    return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
-  }
-
   // A 1x1 convolution that skips pixels and pads none (see the top of the file).
   static bool subsamples(const ConvSpec& spec) {
     return spec.KH == 1 && spec.KW == 1 && (spec.stride_h > 1 || spec.stride_w > 1) &&
@@ -392,7 +385,7 @@ class OnednnConv final : public ConvKernel {
     // A subsampling convolution's problems are the gathered pixels, stride 1.
     int64_t OH = H, OW = W;
     if (!subsample_) spec_.output_size(H, W, &OH, &OW);
-    auto attr = make_attr(split ? Quant::split : quant_, spec_.per_channel() ? (grouped() ? 3 : 1) : 0,
+    auto attr = make_attr(quant_of(spec_, split), spec_.per_channel() ? (grouped() ? 3 : 1) : 0,
                           spec_.clamp_min, spec_.clamp_max);
     dnnl::algorithm post;
     float alpha, beta;
@@ -496,7 +489,7 @@ class OnednnConv final : public ConvKernel {
     args.add(DNNL_ARG_WEIGHTS, prim.weights->mem);
     args.add(DNNL_ARG_DST, dst_m);
     if (with_bias(split)) args.add(DNNL_ARG_BIAS, bias_);
-    if (rq != nullptr) add_quant_args(args, split ? Quant::split : quant_, *rq, wei_scales_);
+    if (rq != nullptr) add_quant_args(args, quant_of(spec_, split), *rq, wei_scales_);
     execute(prim.primitive, args, prim.scratch_size, "convolution");
     if (copy_dst) reorder(dst_m, dst_user);
   }
@@ -543,7 +536,6 @@ class OnednnConv final : public ConvKernel {
   const bool split_;  // int8 without VNNI: wide inputs run split (int8_split.h)
   const bool subsample_;  // split_ and a strided 1x1: gather the pixels read, run stride 1
   const OwnKernel own_ = own_kernel_for(spec_);  // static int8 on qpack's kernel, where it fits
-  const Quant quant_;  // of the fused primitive
   mutable std::shared_ptr<const Packed> packed_;  // atomic_load/store only
   mutable int relayouts_ = 0;                     // guarded by the cache's lock
   memory bias_;

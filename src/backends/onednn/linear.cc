@@ -43,8 +43,7 @@ class OnednnLinear final : public LinearKernel {
  public:
   OnednnLinear(const LinearSpec& spec, const void* weight)
       : LinearKernel(spec),
-        split_(spec.int8() && !isa_has_vnni()),
-        quant_(quant_of(spec, false)) {
+        split_(spec.int8() && !isa_has_vnni()) {
     init([&](const memory::desc& md) {
       packed_ = memory(md, engine());
       reorder(plain(const_cast<void*>(weight)), packed_);
@@ -55,8 +54,7 @@ class OnednnLinear final : public LinearKernel {
   // wants here, else decoded from the saved layout and re-packed.
   OnednnLinear(const LinearSpec& spec, const SavedForm& form)
       : LinearKernel(spec),
-        split_(spec.int8() && !isa_has_vnni()),
-        quant_(quant_of(spec, false)) {
+        split_(spec.int8() && !isa_has_vnni()) {
     const BlockedLayout saved = BlockedLayout::parse(form.layout, form.what);
     const size_t elem = spec_.weight_elem_size();
     check(saved.ndims == 2 && saved.dims[0] == spec_.K && saved.dims[1] == spec_.N &&
@@ -167,15 +165,14 @@ class OnednnLinear final : public LinearKernel {
     try {
       const memory::desc ba({spec_.K, spec_.N}, dt::f32, tag::ba);
       auto pd = make_pd(kPackBatch, ba, false);
-      const std::string impl = pd.impl_info_str();
-      if (impl.rfind("ref", 0) != 0 && impl.find("gemm") != std::string::npos) return ba;
+      if (!is_reference(pd) && std::string(pd.impl_info_str()).find("gemm") != std::string::npos) return ba;
     } catch (const dnnl::error&) {
     }
     return wanted;
   }
 
   dnnl::matmul::primitive_desc make_pd(int64_t M, const memory::desc& wei_md, bool split) const {
-    const auto attr = make_attr(split ? Quant::split : quant_, spec_.per_channel() ? (1 << 1) : 0,
+    const auto attr = make_attr(quant_of(spec_, split), spec_.per_channel() ? (1 << 1) : 0,
                                 spec_.clamp_min, spec_.clamp_max);
     memory::desc src_md({M, spec_.K}, src_dt(), tag::ab);
     memory::desc dst_md({M, spec_.N}, dst_dt(split), tag::ab);
@@ -225,12 +222,11 @@ class OnednnLinear final : public LinearKernel {
     args.add(DNNL_ARG_WEIGHTS, packed_);
     args.add(DNNL_ARG_DST, dst_m);
     if (with_bias(split)) args.add(DNNL_ARG_BIAS, bias_);
-    if (rq != nullptr) add_quant_args(args, split ? Quant::split : quant_, *rq, wei_scales_);
+    if (rq != nullptr) add_quant_args(args, quant_of(spec_, split), *rq, wei_scales_);
     execute(prim.primitive, args, prim.scratch_size, "matmul");
   }
 
   const bool split_;  // int8 without VNNI: wide inputs run split (int8_split.h)
-  const Quant quant_;  // of the fused primitive
   memory packed_;
   std::shared_ptr<const void> keep_;  // the model file packed_ points into, if any
   memory bias_;

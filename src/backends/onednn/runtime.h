@@ -72,6 +72,11 @@ dnnl::primitive_attr make_attr(Quant quant, int wei_scale_mask, float clamp_min,
 // none or one oneDNN has no eltwise for.
 bool eltwise_of(qpack_activation act, float lo, float hi, dnnl::algorithm* alg, float* alpha, float* beta);
 
+// Whether oneDNN picked one of its reference implementations (named "ref:...").
+inline bool is_reference(const dnnl::primitive_desc_base& pd) {
+  return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
+}
+
 // Quantization parameters of one run.
 struct RunQuant {
   float src_scale;
