@@ -681,12 +681,10 @@ def _within(activation, lo, hi):
     return ("hardtanh", float(a), float(b))
 
 
-def _static_int8(layer, in_qp, out_qp, backend, retain, activation=...):
-    """A frozen fp32 layer's static int8 twin (per-channel weights; uint8 (scale, zero point) in and out;
-    the layer's own activation unless given)."""
+def _static_int8(layer, in_qp, out_qp, backend, retain, activation):
+    """A frozen fp32 layer's static int8 twin (per-channel weights; uint8 (scale, zero point) in and out)."""
     w, b = layer.unpack()
     q, s = _q.quantize_weight_per_channel(w)
-    activation = layer.activation if activation is ... else activation
     common = dict(weight_scale=s, activation=activation, backend=backend, retain=retain,
                   source="qpack_int8", folded_bn=layer._spec.get("folded_bn", False),
                   input_scale=in_qp[0], input_zero_point=in_qp[1], output_scale=out_qp[0], output_zero_point=out_qp[1])
@@ -765,7 +763,8 @@ def _freeze_int8_parts(fp32, backend, retain, batches, show_progress, qmax):
         r = ranges.get(id(layer), {})
         if "in" in r and "out" in r:
             replacements[id(layer)] = _static_int8(layer, _q.uint8_qparams(*r["in"], qmax),
-                                                   _q.uint8_qparams(*r["out"], qmax), backend, retain)
+                                                   _q.uint8_qparams(*r["out"], qmax), backend, retain,
+                                                   layer.activation)
         elif isinstance(layer, FrozenLinear):
             w, b = layer.unpack()
             q, s = _q.quantize_weight_per_channel(w)

@@ -1260,23 +1260,32 @@ def whole(gm, segs):
 
 # ---- per-edge calibration (static int8 graphs) ----------------------------------------
 
+def _each_float_value(gm, batches, visit, show_progress=False):
+    """Runs gm on every batch and calls visit(node name, tensor) for each non-empty float
+    tensor a node produces."""
+    class Visitor(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if torch.is_tensor(out) and out.is_floating_point() and out.numel():
+                visit(n.name, out)
+            return out
+
+    runner = Visitor(gm)
+    with torch.no_grad():
+        for batch in progress(batches, len(batches), "qpack calibrate", show_progress):
+            runner.run(*(batch if isinstance(batch, tuple) else (batch,)))
+
+
 def calibrate(gm, batches, show_progress=None):
     """(min, max) of every float tensor an fx node produces, by node name."""
     ranges = {}
 
-    class Recorder(torch.fx.Interpreter):
-        def run_node(self, n):
-            out = super().run_node(n)
-            if torch.is_tensor(out) and out.is_floating_point() and out.numel():
-                lo, hi = float(out.min()), float(out.max())
-                old = ranges.get(n.name)
-                ranges[n.name] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
-            return out
+    def record(name, out):
+        lo, hi = float(out.min()), float(out.max())
+        old = ranges.get(name)
+        ranges[name] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
 
-    rec = Recorder(gm)
-    with torch.no_grad():
-        for batch in progress(batches, len(batches), "qpack calibrate", show_progress):
-            rec.run(*(batch if isinstance(batch, tuple) else (batch,)))
+    _each_float_value(gm, batches, record, show_progress)
     return ranges
 
 
@@ -1304,7 +1313,7 @@ def _narrow_values(nodes, values, outputs, qmax):
     _int8_graph_layers) and the range-keeping ops is followed by a u8 clamp node.
     Returns (nodes, values, outputs)."""
     values, outputs, out = list(values), list(outputs), []
-    for n in nodes:
+    for i, n in enumerate(nodes):
         v = n["output"]
         kind = n["kind"]
         u8 = values[v][0] == "u8"
@@ -1329,7 +1338,7 @@ def _narrow_values(nodes, values, outputs, qmax):
         w = len(values) - 1
         out.append(n)
         out.append(dict(kind="activation", inputs=[v], output=w, activation="clamp", act_min=lo, act_max=hi))
-        for later in nodes[nodes.index(n) + 1:]:
+        for later in nodes[i + 1:]:
             later["inputs"] = [w if i == v else i for i in later["inputs"]]
         outputs = [w if o == v else o for o in outputs]
     return out, values, outputs
@@ -1349,20 +1358,12 @@ def refine_ranges(gm, batches, ranges, qmax, names=None):
 
     hists = {}
 
-    class Counter(torch.fx.Interpreter):
-        def run_node(self, n):
-            out = super().run_node(n)
-            r = ranges.get(n.name)
-            if r is not None and (names is None or n.name in names) and torch.is_tensor(out) \
-                    and out.is_floating_point() and out.numel() and r[1] > r[0]:
-                h = torch.histc(out.detach().float(), _BINS, r[0], r[1]).double().numpy()
-                hists[n.name] = hists.get(n.name, 0) + h
-            return out
+    def count(name, out):
+        r = ranges.get(name)
+        if r is not None and (names is None or name in names) and r[1] > r[0]:
+            hists[name] = hists.get(name, 0) + torch.histc(out.float(), _BINS, r[0], r[1]).double().numpy()
 
-    counter = Counter(gm)
-    with torch.no_grad():
-        for batch in batches:
-            counter.run(*(batch if isinstance(batch, tuple) else (batch,)))
+    _each_float_value(gm, batches, count)
     out = dict(ranges)
     for name, c in hists.items():
         lo, hi = ranges[name]
