@@ -223,9 +223,10 @@ def configurations(model, example, calib, onnx):
     for backend in ("onednn", "qnnpack"):
         yield f"qpack int8 ({backend})", "int8", lambda t, backend=backend: qpack.freeze(
             model, dtype="int8", backend=backend, retain=False, example_inputs=calib)
-    if calib is not None and NARROW_ONLY:
-        yield "qpack int8 (onednn, reduce_range)", "int8", lambda t: qpack.freeze(
-            model, dtype="int8", backend="onednn", retain=False, example_inputs=calib, reduce_range=True)
+    if calib is not None and NARROW_ONLY:  # the default above is reduce_range="weights" here
+        for rr, label in ((False, "8-bit"), (True, "reduce_range activations")):
+            yield f"qpack int8 (onednn, {label})", "int8", lambda t, rr=rr: qpack.freeze(
+                model, dtype="int8", backend="onednn", retain=False, example_inputs=calib, reduce_range=rr)
 
 
 def weight_mb(model):
@@ -469,9 +470,11 @@ def layers_table(bench, args):
                                                                     retain=False, example_inputs=calib)),
                          ("qpack (qnnpack)", lambda t: qpack.freeze(model, dtype="int8", backend="qnnpack",
                                                                      retain=False, example_inputs=calib))]}
-            if NARROW_ONLY:
-                cfgs["int8"].append(("qpack (onednn, reduce_range)", lambda t: qpack.freeze(
-                    model, dtype="int8", backend="onednn", retain=False, example_inputs=calib, reduce_range=True)))
+            if NARROW_ONLY:  # the default above is reduce_range="weights" here
+                for rr, label in ((False, "8-bit"), (True, "reduce_range activations")):
+                    cfgs["int8"].append((f"qpack (onednn, {label})", lambda t, rr=rr: qpack.freeze(
+                        model, dtype="int8", backend="onednn", retain=False, example_inputs=calib,
+                        reduce_range=rr)))
             for dtype, entries in cfgs.items():
                 results = []
                 for cfg, make in entries:

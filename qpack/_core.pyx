@@ -169,7 +169,7 @@ cdef void _fill(op_params* p, _OpArrays a, args, str backend, retain) except *:
 
 cdef dict _stats(qpack_op_stats s):
     return {"states_built": s.states_built, "cache_hits": s.cache_hits,
-            "evictions": s.evictions, "runs": s.runs}
+            "evictions": s.evictions, "runs": s.runs, "split_runs": s.split_runs}
 
 
 cdef class LinearHandle:

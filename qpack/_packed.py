@@ -333,7 +333,9 @@ class PackedOp:
 
     @property
     def stats(self):
-        """Counters: states_built, cache_hits (runs that built nothing), evictions, runs."""
+        """Counters: states_built, cache_hits (runs that built nothing), evictions, runs, and
+        split_runs (int8 runs on oneDNN without VNNI that split a wide input, exact at twice the
+        work: weights outside [-64, 64] and inputs above 127)."""
         return self._h.stats()
 
     def _state(self):

@@ -68,6 +68,7 @@ cdef extern from "qpack/qpack.h" nogil:
         uint64_t cache_hits
         uint64_t evictions
         uint64_t runs
+        uint64_t split_runs
 
     ctypedef struct qpack_linear:
         pass

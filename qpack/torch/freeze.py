@@ -22,6 +22,7 @@ from torch import nn
 
 from qpack._core import Error as qpack_error
 from qpack._core import InvalidArgumentError, InvalidTypeError
+from qpack._policy import backends as _backends
 from qpack.torch import quantize as _q
 from qpack.torch.modules import FROZEN_TYPES, FrozenConv1d, FrozenConv2d, FrozenLinear
 
@@ -45,13 +46,27 @@ class Rule:
     fuse_activation: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class Int8Range:
+    """What freeze's reduce_range chose: uint8 activations onto [0, act] and int8
+    weights onto [-weight, weight]. Depthwise convolutions keep 8-bit weights: their
+    kernels widen to 32 bits, exact at any weight without VNNI."""
+    act: int = 255
+    weight: int = 127
+
+    def quantize(self, w, groups=1):
+        """(int8 weight, per-channel scales) of a float Linear / Conv weight."""
+        depthwise = w.dim() > 2 and w.shape[1] == 1 and w.shape[0] == groups
+        return _q.quantize_weight_per_channel(w, _q._QMAX if depthwise else self.weight)
+
+
 @dataclasses.dataclass
 class FreezeContext:
     backend: str = "auto"
     retain: object = None
     dtype: object = None
     ranges: dict = dataclasses.field(default_factory=dict)
-    qmax: int = 255  # calibrated activations onto [0, qmax] (freeze's reduce_range: 127)
+    bits: Int8Range = Int8Range()  # freeze's reduce_range
 
     def static_qparams(self, module, activation):
         """uint8 qparams from calibration, or None when the layer was not seen."""
@@ -59,8 +74,8 @@ class FreezeContext:
         if r is None or r.get("in") is None or r.get("out") is None:
             return None
         lo, hi = _clamp_range(r["out"], activation)
-        in_s, in_zp = _q.uint8_qparams(*r["in"], self.qmax)
-        out_s, out_zp = _q.uint8_qparams(lo, hi, self.qmax)
+        in_s, in_zp = _q.uint8_qparams(*r["in"], self.bits.act)
+        out_s, out_zp = _q.uint8_qparams(lo, hi, self.bits.act)
         return dict(input_scale=in_s, input_zero_point=in_zp, output_scale=out_s, output_zero_point=out_zp)
 
 
@@ -131,7 +146,7 @@ def convert_linear(mod, ctx, bn=None, activation=None):
     if bn is not None:
         w, b = fold_bn(w, b, bn)
     if ctx.dtype == "int8":
-        q, s = _q.quantize_weight_per_channel(w)
+        q, s = ctx.bits.quantize(w)
         qp = ctx.static_qparams(mod, activation) if ctx.ranges else None
         if qp is not None:
             return FrozenLinear.make("int8_static", q, _bias_f32(b), weight_scale=s, source="qpack_int8",
@@ -172,7 +187,7 @@ def _make_conv_converter(frozen_cls):
         if ctx.dtype == "int8":
             qp = ctx.static_qparams(mod, activation) if ctx.ranges else None
             if qp is not None:
-                q, s = _q.quantize_weight_per_channel(w)
+                q, s = ctx.bits.quantize(w, mod.groups)
                 return frozen_cls.make("int8_static", q, _bias_f32(b), weight_scale=s, source="qpack_int8",
                                        **geo, **common, **qp)
             # no dynamic int8 convolution: uncalibrated convolutions stay fp32
@@ -513,7 +528,7 @@ def _check_eval(model):
 
 
 def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=None, dtype=None,
-           fuse=True, mapping=None, graph=True, progress=None, reduce_range=False):
+           fuse=True, mapping=None, graph=True, progress=None, reduce_range="auto"):
     """A copy of ``model`` whose Linear/Conv1d/Conv2d layers run on qpack's packed weights.
 
     - ``dtype=None`` keeps each layer's precision: float layers become fp32
@@ -553,12 +568,19 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
       ``qpack.graph_report(frozen)`` prints the plan.
     - ``progress``: a tqdm bar over calibration batches and int8 packing
       (None: when stderr is a terminal and tqdm is installed).
-    - ``reduce_range``: static int8 activations calibrated onto [0, 127]
-      instead of [0, 255], as PyTorch's reduce_range: one bit of resolution
-      for speed on CPUs whose oneDNN int8 kernels would saturate wider inputs
-      (``qpack.backends()["onednn"]["int8_input_max"] == 127``: no VNNI). There
-      qpack runs inputs above 127 split, exact at twice the work, and narrow
-      ones on the fused kernels; elsewhere it changes only the resolution.
+    - ``reduce_range``: one bit of int8 resolution traded for speed where
+      oneDNN's int8 kernels would saturate int16 pair sums (a CPU without VNNI:
+      ``qpack.backends()["onednn"]["int8_input_max"] == 127``). There qpack runs
+      an input above 127 on weights outside [-64, 64] split, exact at twice the
+      work; anything narrower runs the fused kernels, as exact.
+      ``"weights"``: int8 weights onto [-64, 64] (7 bits, as ONNX Runtime's
+      reduce_range; depthwise convolutions keep 8 bits, their kernels never
+      saturate), activations 8-bit: every layer fused, whatever the input.
+      ``True`` (or ``"activations"``): static int8 activations calibrated onto
+      [0, 127] instead of [0, 255] (PyTorch's reduce_range), clamped there
+      through the graph. ``False``: 8 bits for both. ``"auto"`` (default):
+      ``"weights"`` where the int8 layers run on such a CPU's oneDNN, else
+      ``False``. Elsewhere the choice changes only the resolution.
 
     The model must be in eval mode. Modules without a rule are kept as they are.
     """
@@ -573,21 +595,38 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
     dtype = "int8" if dtype in ("int8", torch.int8) else None
     if example_inputs is not None and dtype != "int8":
         raise InvalidArgumentError("example_inputs calibrate static int8 layers: pass dtype='int8' with them")
-    if not isinstance(reduce_range, bool):
-        raise InvalidTypeError(f"reduce_range must be True or False, got {reduce_range!r}")
-    qmax = 127 if reduce_range else 255
+    bits = _int8_range(reduce_range, backend)
     _check_eval(model)
     if not graph or type(model) in MAPPING or type(model) in (mapping or {}):
         return _freeze_layers(model, backend=backend, retain=retain, inplace=inplace,
-                              example_inputs=example_inputs, dtype=dtype, fuse=fuse, mapping=mapping, qmax=qmax)
+                              example_inputs=example_inputs, dtype=dtype, fuse=fuse, mapping=mapping, bits=bits)
     if dtype == "int8" and example_inputs is not None and not inplace:
-        frozen = _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, progress, qmax)
+        frozen = _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, progress, bits)
         if frozen is not None:
             return frozen
     frozen = _freeze_layers(model, backend=backend, retain=retain, inplace=inplace,
-                            example_inputs=example_inputs, dtype=dtype, fuse=fuse, mapping=mapping, qmax=qmax)
+                            example_inputs=example_inputs, dtype=dtype, fuse=fuse, mapping=mapping, bits=bits)
     _try_graph(frozen)
     return frozen
+
+
+_REDUCE_RANGE = {False: Int8Range(), True: Int8Range(act=127), "activations": Int8Range(act=127),
+                 "weights": Int8Range(weight=64)}
+
+
+def _int8_range(reduce_range, backend):
+    """freeze's ``reduce_range`` as an Int8Range ("auto" resolved for ``backend`` on this CPU)."""
+    if not isinstance(reduce_range, (bool, str)):
+        raise InvalidTypeError(f"reduce_range must be a bool or a str, got {type(reduce_range).__name__}")
+    if reduce_range == "auto":
+        infos = _backends()
+        name = backend if backend != "auto" else next((n for n, b in infos.items() if b["available"]), None)
+        narrow = name is not None and infos[name]["int8_input_max"] == 127
+        return _REDUCE_RANGE["weights" if narrow else False]
+    if reduce_range not in _REDUCE_RANGE:
+        raise InvalidArgumentError(
+            f"reduce_range must be 'auto', 'weights', 'activations', True or False, got {reduce_range!r}")
+    return _REDUCE_RANGE[reduce_range]
 
 
 def _try_graph(frozen):
@@ -608,7 +647,7 @@ def _try_graph(frozen):
         return None
 
 
-def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, show_progress, qmax):
+def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, show_progress, bits):
     """Static int8 graphs calibrated per edge, or None when no part of the model lowers."""
     from qpack.torch import graph as _g
     batches = example_inputs if isinstance(example_inputs, list) else [example_inputs]
@@ -623,7 +662,7 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
     try:
         gm = _g.trace(fp32)
     except Exception:  # noqa: BLE001 - untraceable: int8 graphs for the submodules that trace
-        frozen = _freeze_int8_parts(fp32, backend, retain, batches, show_progress, qmax)
+        frozen = _freeze_int8_parts(fp32, backend, retain, batches, show_progress, bits)
         for w in caught if frozen is not None else ():
             warnings.warn(w.message, w.category, stacklevel=4)
         return frozen
@@ -631,12 +670,12 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
         segs = _g.segments(gm)
         if not segs:
             return None
-        qp = _g.qparams_by_name(segs, _calibrate_edges(gm, batches, show_progress, qmax), qmax)
+        qp = _g.qparams_by_name(segs, _calibrate_edges(gm, batches, show_progress, bits.act), bits.act)
     except _g.Unsupported:
         return None
     if any(layer.mode != "f32" for seg in segs for layer in seg.layers):
         return None
-    _swap(fp32, _int8_graph_layers(segs, qp, backend, retain, show_progress))
+    _swap(fp32, _int8_graph_layers(segs, qp, backend, retain, show_progress, bits))
     try:
         _g.attach(fp32, qp)
     except (_g.Unsupported, qpack_error):
@@ -655,7 +694,7 @@ def _calibrate_edges(gm, batches, show_progress, qmax):
     return _g.refine_ranges(gm, batches, ranges, qmax) if qmax < 255 else ranges
 
 
-def _int8_graph_layers(segs, qp, backend, retain, show_progress):
+def _int8_graph_layers(segs, qp, backend, retain, show_progress, bits):
     """{id(fp32 layer): its static int8 twin} for the layers of lowered segments,
     on the per-edge qparams ``qp`` (by fx node name) of their input and output; with
     ``qp.qmax`` < 255 (reduce_range) each clamps its output onto [0, qmax]."""
@@ -671,7 +710,7 @@ def _int8_graph_layers(segs, qp, backend, retain, show_progress):
             if qmax < 255:
                 activation = _within(activation, *_g.narrow_bounds(*out_qp, qmax))
             replacements[id(layer)] = _static_int8(layer, qp[seg.values[n["inputs"][0]].name], out_qp, backend,
-                                                   retain, activation)
+                                                   retain, activation, bits)
     return replacements
 
 
@@ -681,10 +720,11 @@ def _within(activation, lo, hi):
     return ("hardtanh", float(a), float(b))
 
 
-def _static_int8(layer, in_qp, out_qp, backend, retain, activation):
-    """A frozen fp32 layer's static int8 twin (per-channel weights; uint8 (scale, zero point) in and out)."""
+def _static_int8(layer, in_qp, out_qp, backend, retain, activation, bits):
+    """A frozen fp32 layer's static int8 twin (per-channel weights onto ``bits.weight``;
+    uint8 (scale, zero point) in and out)."""
     w, b = layer.unpack()
-    q, s = _q.quantize_weight_per_channel(w)
+    q, s = bits.quantize(w, layer._spec.get("groups", 1))
     common = dict(weight_scale=s, activation=activation, backend=backend, retain=retain,
                   source="qpack_int8", folded_bn=layer._spec.get("folded_bn", False),
                   input_scale=in_qp[0], input_zero_point=in_qp[1], output_scale=out_qp[0], output_zero_point=out_qp[1])
@@ -697,7 +737,7 @@ def _static_int8(layer, in_qp, out_qp, backend, retain, activation):
     return new.train(False)
 
 
-def _freeze_int8_parts(fp32, backend, retain, batches, show_progress, qmax):
+def _freeze_int8_parts(fp32, backend, retain, batches, show_progress, bits):
     """A model whose own forward does not trace: static int8 graphs, calibrated per
     edge, for the largest submodules that lower as whole graphs (attach_parts);
     its other layers static int8 on their own calibrated input/output ranges (as
@@ -752,22 +792,22 @@ def _freeze_int8_parts(fp32, backend, retain, batches, show_progress, qmax):
         if not inputs[name] or None in inputs[name]:
             continue  # never called, or with keywords: its layers one by one
         try:
-            qp = _g.qparams_by_name(segs, _calibrate_edges(gm, inputs[name], False, qmax), qmax)
+            qp = _g.qparams_by_name(segs, _calibrate_edges(gm, inputs[name], False, bits.act), bits.act)
         except Exception:  # noqa: BLE001 - its trace cannot run what its forward was given
             continue
-        replacements.update(_int8_graph_layers(segs, qp, backend, retain, show_progress))
+        replacements.update(_int8_graph_layers(segs, qp, backend, retain, show_progress, bits))
         qparams[name] = qp
     for layer in layers:
         if id(layer) in replacements:
             continue
         r = ranges.get(id(layer), {})
         if "in" in r and "out" in r:
-            replacements[id(layer)] = _static_int8(layer, _q.uint8_qparams(*r["in"], qmax),
-                                                   _q.uint8_qparams(*r["out"], qmax), backend, retain,
-                                                   layer.activation)
+            replacements[id(layer)] = _static_int8(layer, _q.uint8_qparams(*r["in"], bits.act),
+                                                   _q.uint8_qparams(*r["out"], bits.act), backend, retain,
+                                                   layer.activation, bits)
         elif isinstance(layer, FrozenLinear):
             w, b = layer.unpack()
-            q, s = _q.quantize_weight_per_channel(w)
+            q, s = bits.quantize(w)
             replacements[id(layer)] = FrozenLinear.make(
                 "int8_dynamic", q, b, weight_scale=s, activation=layer.activation, backend=backend, retain=retain,
                 source="qpack_int8", folded_bn=layer._spec.get("folded_bn", False)).train(False)
@@ -812,7 +852,7 @@ def _computes_as(m, base):
         return False
 
 
-def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fuse, mapping, qmax=255):
+def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fuse, mapping, bits=Int8Range()):
     """Layer by layer: the swap (and folding, fusion, calibration) every freeze starts with."""
     rules = dict(MAPPING)
     if mapping:
@@ -837,7 +877,7 @@ def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fu
             seen.add(id(m))
             layers.append(m)
 
-    ctx = FreezeContext(backend=backend, retain=retain, dtype=dtype, qmax=qmax)
+    ctx = FreezeContext(backend=backend, retain=retain, dtype=dtype, bits=bits)
     if example_inputs is not None:
         ctx.ranges = _calibrate(model, example_inputs, layers, plan)
 

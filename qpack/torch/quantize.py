@@ -11,18 +11,22 @@ from qpack._core import UnsupportedError, choose_qparams_u8
 _QMAX = 127
 
 
-def quantize_weight_per_channel(weight):
+def quantize_weight_per_channel(weight, qmax=_QMAX):
     """Per-output-channel symmetric int8: (int8 weight, float32 scales).
 
-    scale = max|w| / 127 per output channel; an all-zero channel gets scale 1.
+    scale = max|w| / qmax per output channel, values on [-qmax, qmax]; an all-zero
+    channel gets scale 1. qmax 64 (freeze's reduce_range="weights") keeps every
+    u8 x s8 pair sum inside int16, which oneDNN's kernels without VNNI need.
     """
+    if not isinstance(qmax, int) or not 1 <= qmax <= _QMAX:
+        raise ValueError(f"qmax must be an int in [1, {_QMAX}], got {qmax!r}")
     w = weight.detach().to(torch.float32)
     flat = w.reshape(w.shape[0], -1)
     amax = flat.abs().amax(dim=1)
-    scale = torch.where(amax > 0, amax / _QMAX, torch.ones_like(amax))
+    scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
     scale = torch.clamp(scale, min=torch.finfo(torch.float32).tiny * 2)
     shape = (-1,) + (1,) * (w.dim() - 1)
-    q = torch.clamp(torch.round(w / scale.reshape(shape)), -_QMAX, _QMAX).to(torch.int8)
+    q = torch.clamp(torch.round(w / scale.reshape(shape)), -qmax, qmax).to(torch.int8)
     return q.contiguous(), scale.contiguous()
 
 

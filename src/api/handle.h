@@ -89,6 +89,7 @@ qpack_status stats(const H* handle, const char* what, qpack_op_stats* out) {
     out->cache_hits = c.cache_hits.load();
     out->evictions = c.evictions.load();
     out->runs = c.runs.load();
+    out->split_runs = c.split_runs.load();
   });
 }
 

@@ -105,11 +105,13 @@ struct Counters {
   std::atomic<uint64_t> cache_hits{0};    // runs that built nothing
   std::atomic<uint64_t> evictions{0};     // entries dropped from a bounded cache
   std::atomic<uint64_t> runs{0};
+  std::atomic<uint64_t> split_runs{0};  // int8 runs split to stay exact without VNNI
 
   void built() { states_built.fetch_add(1, std::memory_order_relaxed); }
   void hit() { cache_hits.fetch_add(1, std::memory_order_relaxed); }
   void evicted() { evictions.fetch_add(1, std::memory_order_relaxed); }
   void ran() { runs.fetch_add(1, std::memory_order_relaxed); }
+  void ran_split() { split_runs.fetch_add(1, std::memory_order_relaxed); }
 };
 
 // Read-only bytes kept valid by `owner` (a mapped model file, or a heap copy).

@@ -363,9 +363,14 @@ def test_dtype_int8_dynamic(backend):
     assert len(layers) == 5 and all(m.mode == "int8_dynamic" and m.backend == backend for m in layers)
     assert all(m.activation == "relu" for m in layers[:-1])
     assert rel_err(f(x), model(x)) < 0.03
-    # the int8 weights are per-channel symmetric quantizations of the float ones
+    # the int8 weights are per-channel symmetric quantizations of the float ones, onto
+    # [-64, 64] where reduce_range="auto" chooses "weights": oneDNN without VNNI
     w, _ = layers[0].unpack()
-    assert w.dtype == torch.int8 and int(w.abs().amax(dim=1).min()) == 127
+    wmax = 64 if qpack.backends()[backend]["int8_input_max"] == 127 else 127
+    assert w.dtype == torch.int8 and int(w.abs().amax(dim=1).min()) == int(w.abs().max()) == wmax
+    for reduce_range, want in ((False, 127), ("weights", 64), (True, 127)):
+        w, _ = frozen_layers(qpack.freeze(model, dtype="int8", backend=backend, reduce_range=reduce_range))[0].unpack()
+        assert int(w.abs().amax(dim=1).min()) == int(w.abs().max()) == want, reduce_range
     close(layers[0].dequantized_weight(), model[0].weight.detach(), rtol=float(layers[0].weight_scale.max()))
 
 

@@ -587,7 +587,8 @@ def test_reduce_range_calibrates_every_value_to_7_bits(backend):
     x = torch.randn(2, 3, 16, 16)
     torch.manual_seed(3)
     calib = [torch.randn_like(x) for _ in range(3)] + [x]
-    wide = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False)
+    wide = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False,
+                        reduce_range=False)
     narrow = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False,
                           reduce_range=True)
     assert plan(narrow) == plan(wide) == "graph"
@@ -611,8 +612,46 @@ def test_reduce_range_calibrates_every_value_to_7_bits(backend):
             assert G.runner_of(copied)._qparams.qmax == 127
             assert [n["kind"] for n in G.runner_of(copied)._spec["nodes"]][:2] == ["activation", "quantize"]
             assert torch.equal(copied(3 * x), narrow(3 * x))
-    with pytest.raises(qpack.InvalidTypeError, match="reduce_range must be True or False"):
+    with pytest.raises(qpack.InvalidArgumentError, match="reduce_range must be 'auto', 'weights'"):
         qpack.freeze(model, dtype="int8", example_inputs=calib, reduce_range="yes")
+    with pytest.raises(qpack.InvalidTypeError, match="reduce_range must be a bool or a str"):
+        qpack.freeze(model, dtype="int8", example_inputs=calib, reduce_range=1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reduce_range_weights_narrows_weights_only(backend):
+    """freeze(reduce_range="weights"): conv / linear weights onto [-64, 64], depthwise ones
+    keeping 8 bits, and the graph's values, qparams and nodes as at 8 bits; within two quanta
+    of its per-edge reference, also past the calibrated range (x * 3). On oneDNN without VNNI
+    no layer splits its input, where the 8-bit graph does (stats["split_runs"])."""
+    torch.manual_seed(0)
+    model = randomize_bn(BLOCKS["mobilenetv3"]()).eval()
+    x = torch.randn(2, 3, 16, 16)
+    torch.manual_seed(3)
+    calib = [torch.randn_like(x) for _ in range(3)] + [x]
+    made = {rr: qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False,
+                             reduce_range=rr) for rr in (False, "weights")}
+    wide, narrow = made[False], made["weights"]
+    assert plan(narrow) == plan(wide) == "graph"
+    assert G.runner_of(narrow)._spec["values"] == G.runner_of(wide)._spec["values"]
+    assert [n["kind"] for n in G.runner_of(narrow)._spec["nodes"]] == [n["kind"] for n in G.runner_of(wide)._spec["nodes"]]
+    layers = [m for m in narrow.modules() if isinstance(m, qpack.torch.modules.FROZEN_TYPES)]
+    depthwise = [m for m in layers if isinstance(m, qpack.torch.FrozenConv2d) and m.groups == m.in_channels > 1]
+    assert depthwise and len(depthwise) < len(layers)
+    for m in layers:
+        w, _ = m.unpack()
+        assert int(w.abs().max()) == (127 if m in depthwise else 64), m
+    out_s = G.runner_of(narrow)._spec["values"][G.runner_of(narrow)._spec["nodes"][-1]["inputs"][0]][1]
+    with torch.no_grad():
+        for xs in (x, 3 * x):
+            err = float((narrow(xs) - per_edge_reference(narrow, xs)).abs().max())
+            assert err <= 2 * out_s + 1e-6, (err, out_s)
+            wide(xs)
+    splits = {rr: sum(m._packed.stats["split_runs"] for m in f.modules() if isinstance(m, qpack.torch.modules.FROZEN_TYPES))
+              for rr, f in made.items()}
+    assert splits["weights"] == 0, splits
+    if backend == "onednn" and qpack.backends()["onednn"]["int8_input_max"] == 127:
+        assert splits[False] > 0, splits
 
 
 def test_refine_ranges_clips_outliers_not_the_bulk():

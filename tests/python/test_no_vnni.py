@@ -111,10 +111,14 @@ def _conv_checks(torch):
             worst, count = max(worst, diff), count + 1
     # Strided 1x1 convolutions without padding: oneDNN 3.2's AVX2 kernel gathers their
     # pixels itself and, on 2 threads with input channels off a multiple of 16, returned
-    # wrong values that changed from run to run; qpack gathers them (conv.cc).
-    for cin, stride, nhwc, n in [(8, (2, 2), True, 1), (24, (1, 2), True, 3), (24, (2, 2), False, 2),
-                                 (40, (2, 1), True, 2), (56, (2, 2), False, 1), (64, (2, 2), True, 2)]:
-        w = torch.randint(-127, 128, (144, cin, 1, 1), dtype=torch.int8, generator=gen)
+    # wrong values that changed from run to run; qpack gathers them (conv.cc), also where
+    # the input or the weights (within [-64, 64]) are narrow and it runs fused.
+    for cin, stride, nhwc, n, wmax in [(8, (2, 2), True, 1, 127), (24, (1, 2), True, 3, 127),
+                                       (24, (2, 2), False, 2, 127), (40, (2, 1), True, 2, 127),
+                                       (56, (2, 2), False, 1, 127), (64, (2, 2), True, 2, 127),
+                                       (8, (2, 2), True, 1, 64), (24, (1, 2), True, 3, 64),
+                                       (24, (2, 2), False, 2, 64), (40, (2, 1), True, 2, 64)]:
+        w = torch.randint(-wmax, wmax + 1, (144, cin, 1, 1), dtype=torch.int8, generator=gen)
         x = torch.randint(0, 256, (n, cin, 15, 8), dtype=torch.uint8, generator=gen)
         if nhwc:
             x = x.contiguous(memory_format=torch.channels_last)
@@ -126,6 +130,54 @@ def _conv_checks(torch):
             assert diff <= 1, (cin, stride, nhwc, n, diff)
             worst, count = max(worst, diff), count + 1
     return f"conv {count} cases max diff {worst} quanta"
+
+
+def _narrow_weight_checks(torch, tmp):
+    """Weights within [-64, 64] run fused whatever the input (stats: no split run), and exact
+    on all-255 inputs with every weight at +-64 (the largest pair sums, 2 * 255 * 64); one
+    weight of 65 brings the split back. So after a save and load, and for a strided 1x1
+    (whose pixels qpack gathers in every mode)."""
+    from test_conv import float_qconv
+
+    gen = torch.Generator().manual_seed(11)
+    checked = 0
+    for wmax in (64, 65):
+        sign = torch.where(torch.rand(40, 72, generator=gen) < 0.5, 1, -1)
+        w = (sign * 64).to(torch.int8)
+        w[0, 0] = wmax
+        x = torch.full((3, 72), 255, dtype=torch.uint8)
+        x[1] = torch.randint(0, 256, (72,), dtype=torch.uint8, generator=gen)
+        so = 72 * 255 * 64 * 0.04 * 0.01 / 100
+        lin = qpack.PackedLinear(w, None, backend="onednn", weight_scale=[0.01], output_scale=so,
+                                 output_zero_point=128)
+        acc = (x.double() - 3) @ w.double().T
+        ref = (acc * 0.04 * 0.01 / so + 128).round().clamp(0, 255)
+        for packed in (lin, _reloaded(lin, tmp / f"linear{wmax}.qpack")):
+            y = packed(x, scale=0.04, zero_point=3)
+            assert (y.double() - ref).abs().max() <= 1, wmax
+            assert (packed.stats["split_runs"] == 0) == (wmax == 64), (wmax, packed.stats)
+            checked += 1
+        for stride, k in ((1, 3), (2, 1)):
+            wc = torch.where(torch.rand(16, 24, k, k, generator=gen) < 0.5, 64, -64).to(torch.int8)
+            wc[0, 0, 0, 0] = wmax
+            xc = torch.randint(0, 256, (2, 24, 9, 9), dtype=torch.uint8, generator=gen)
+            xc[torch.rand(xc.shape, generator=gen) < 0.7] = 255
+            so = 24 * k * k * 255 * 64 * 0.04 * 0.01 / 100
+            conv = qpack.PackedConv2d(wc, None, stride, k // 2, 1, 1, backend="onednn", weight_scale=[0.01],
+                                      output_scale=so, output_zero_point=128)
+            ref = float_qconv(xc, 0.04, 3, wc, [0.01], None, k // 2, 1, so, 128, stride)
+            for packed in (conv, _reloaded(conv, tmp / f"conv{wmax}{k}.qpack")):
+                for _ in range(3):  # the strided 1x1 on 2 threads: oneDNN's own gather was wrong
+                    diff = (packed(xc, scale=0.04, zero_point=3).to(torch.int32) - ref).abs().max().item()
+                    assert diff <= 1, (wmax, stride, k, diff)
+                assert (packed.stats["split_runs"] == 0) == (wmax == 64), (wmax, k, packed.stats)
+                checked += 1
+    return f"narrow weights: {checked} packed objects fused at [-64, 64], split at 65"
+
+
+def _reloaded(packed, path):
+    packed.save(str(path))
+    return qpack.load(str(path))
 
 
 def _child():
@@ -140,6 +192,9 @@ def _child():
     assert qpack.backends()["onednn"]["int8_input_max"] == 127
     print(_linear_checks(torch))
     print(_conv_checks(torch))
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        print(_narrow_weight_checks(torch, pathlib.Path(tmp)))
 
 
 if __name__ == "__main__":

@@ -22,8 +22,9 @@
 // channels off a multiple of 16, returns wrong values that change from run to
 // run (seen on a Zen 3: up to 119 quanta off at 24 input channels, stride 2).
 // Splitting only the pixels read is also less work. Narrow inputs (every byte
-// and the zero point below 128) run the fused primitive instead of the split
-// one: exact too (int8_split.h), at half the work.
+// and the zero point below 128) and narrow weights (all within [-64, 64], as
+// freeze's reduce_range="weights" makes them) run the fused primitive instead
+// of the split one: exact too (int8_split.h), at half the work.
 //
 // Where the CPU has AVX-512 VNNI, static int8 depthwise convolutions and 1x1
 // convolutions with few input channels run on qpack's own kernels
@@ -139,9 +140,9 @@ class OnednnConv final : public ConvKernel {
  public:
   OnednnConv(const ConvSpec& spec, const void* weight)
       : ConvKernel(spec),
-        // Depthwise int8 kernels widen to 32 bits: exact without VNNI.
-        split_(spec.int8() && !spec.depthwise() && !isa_has_vnni()),
-        subsample_(split_ && subsamples(spec)) {
+        split_(splits(spec) &&
+               !narrow_weights(static_cast<const int8_t*>(weight), spec.weight_count())),
+        subsample_(splits(spec) && subsamples(spec)) {
     // Pack for a representative channels-last problem; other shapes reuse the layout.
     const int64_t H = std::max<int64_t>(kPackSize, spec_.dil_h * (spec_.KH - 1) + 1);
     const int64_t W = std::max<int64_t>(kPackSize, spec_.dil_w * (spec_.KW - 1) + 1);
@@ -154,8 +155,9 @@ class OnednnConv final : public ConvKernel {
   // the problem they were packed for, else decoded and re-packed.
   OnednnConv(const ConvSpec& spec, const SavedForm& form)
       : ConvKernel(spec),
-        split_(spec.int8() && !spec.depthwise() && !isa_has_vnni()),
-        subsample_(split_ && subsamples(spec)) {
+        split_(splits(spec) && !narrow_weights(BlockedLayout::parse(form.layout, form.what),
+                                               form.packed.data, form.packed.size)),
+        subsample_(splits(spec) && subsamples(spec)) {
     const BlockedLayout saved = BlockedLayout::parse(form.layout, form.what);
     const auto dims = wei_dims();
     bool dims_ok = saved.ndims == static_cast<int32_t>(dims.size());
@@ -273,25 +275,22 @@ class OnednnConv final : public ConvKernel {
         return;
       }
     }
-    if (!split_) {
-      execute_conv(s, const_cast<uint8_t*>(x), y, &rq, false);
-      return;
-    }
-    // No VNNI: a strided 1x1 reads its pixels gathered (both modes), and the input
-    // runs fused when narrow, else split.
+    // No VNNI: a strided 1x1 reads its pixels gathered (every mode), and the
+    // input runs fused when the weights or it are narrow, else split.
     ConvShape read = s;
     if (subsample_) {
       x = gather_strided(s, x);
       read.H = s.OH;
       read.W = s.OW;
     }
-    if (narrow(x, s.N * spec_.IC * read.H * read.W, input_zero_point)) {
+    if (!split_ || narrow(x, s.N * spec_.IC * read.H * read.W, input_zero_point)) {
       execute_conv(read, const_cast<uint8_t*>(x), y, &rq, false);
       return;
     }
     ConvShape stacked = read;
     stacked.N = 2 * s.N;
     const int64_t in = s.N * spec_.IC * stacked.H * stacked.W, out = s.N * spec_.OC * s.OH * s.OW;
+    counters_.ran_split();
     const auto split = split_input(x, in, input_zero_point, out);
     const RunQuant split_rq{1.0f, split.zero_point, 1.0f, 0};
     execute_conv(stacked, split.halves, split.acc, &split_rq, true);
@@ -331,6 +330,12 @@ class OnednnConv final : public ConvKernel {
     std::vector<uint8_t> plain(plain_md().get_size());
     unpack_weight(plain.data());
     return relayout_from_plain(plain.data(), md, s.N, s.H, s.W);
+  }
+
+  // int8 without VNNI runs split unless its weights are narrow (int8_split.h);
+  // depthwise int8 kernels widen to 32 bits: exact without VNNI.
+  static bool splits(const ConvSpec& spec) {
+    return spec.int8() && !spec.depthwise() && !isa_has_vnni();
   }
 
   // A 1x1 convolution that skips pixels and pads none (see the top of the file).
@@ -533,8 +538,8 @@ class OnednnConv final : public ConvKernel {
     counters_.hit();
   }
 
-  const bool split_;  // int8 without VNNI: wide inputs run split (int8_split.h)
-  const bool subsample_;  // split_ and a strided 1x1: gather the pixels read, run stride 1
+  const bool split_;  // int8 without VNNI and wide weights: wide inputs run split (int8_split.h)
+  const bool subsample_;  // int8 without VNNI, a strided 1x1: gather the pixels read, run stride 1
   const OwnKernel own_ = own_kernel_for(spec_);  // static int8 on qpack's kernel, where it fits
   mutable std::shared_ptr<const Packed> packed_;  // atomic_load/store only
   mutable int relayouts_ = 0;                     // guarded by the cache's lock

@@ -112,6 +112,19 @@ bool narrow(const uint8_t* x, int64_t n, int32_t zero_point) {
   return (any & 0x8080808080808080ull) == 0;
 }
 
+bool narrow_weights(const int8_t* w, int64_t n) {
+  bool ok = true;
+  for (int64_t i = 0; i < n; ++i) ok &= w[i] >= -kNarrowWeight && w[i] <= kNarrowWeight;
+  return ok;
+}
+
+bool narrow_weights(const BlockedLayout& layout, const uint8_t* data, size_t size) {
+  const int64_t span = layout.span();
+  return layout.data_type == static_cast<uint32_t>(dnnl::memory::data_type::s8) &&
+         span <= static_cast<int64_t>(std::min<uint64_t>(size, layout.size)) &&
+         narrow_weights(reinterpret_cast<const int8_t*>(data), span);
+}
+
 SplitInput split_input(const uint8_t* x, int64_t n, int32_t zero_point, int64_t n_out) {
   const size_t size = 2 * (static_cast<size_t>(n_out) * sizeof(int32_t) + static_cast<size_t>(n));
   auto* acc = static_cast<int32_t*>(thread_buffer(ThreadBuffer::split, size));

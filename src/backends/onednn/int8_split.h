@@ -27,10 +27,19 @@
 // scan of the input decides per run (narrow()); a static int8 graph calibrated
 // for such a CPU maps its values to [0, 127] (PyTorch's reduce_range), so its
 // layers take the fused path unless a value passes its calibrated range.
+//
+// Narrow weights need no split either: when every weight is within
+// [-kNarrowWeight, kNarrowWeight] = [-64, 64], a pair sum is at most
+// 2 * 255 * 64 = 32640 in magnitude for any u8 input. A packed object checks
+// its weights once, at pack or load, and then always runs fused; freeze's
+// reduce_range="weights" (its default on such a CPU) quantizes weights so
+// (7-bit weights, as ONNX Runtime's reduce_range), activations staying 8-bit.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+
+#include "backends/onednn/runtime.h"
 
 namespace qpack {
 namespace onednn_rt {
@@ -44,6 +53,13 @@ struct SplitInput {
 };
 // True when every x[i] < 128 and zero_point < 128: the fused primitive is exact.
 bool narrow(const uint8_t* x, int64_t n, int32_t zero_point);
+// True when every w[i] is within [-kNarrowWeight, kNarrowWeight]: the fused
+// primitive is exact for every input.
+constexpr int kNarrowWeight = 64;
+bool narrow_weights(const int8_t* w, int64_t n);
+// The same for saved packed s8 weights in `layout` (padding included); false
+// when the bytes do not hold the layout (the loader reports that).
+bool narrow_weights(const BlockedLayout& layout, const uint8_t* data, size_t size);
 SplitInput split_input(const uint8_t* x, int64_t n_in, int32_t zero_point, int64_t n_out);
 
 // acc holds the two halves' s32 accumulators, [2][outer][C][inner]; the

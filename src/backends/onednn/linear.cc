@@ -12,7 +12,8 @@
 // -> s32 primitive over the two halves of the input stacked as 2M rows, and
 // the epilogue in C++. The packed layout is queried with those attributes.
 // Narrow inputs (every byte and the zero point below 128) run the fused
-// primitive there too, on the same packed weight: exact, at half the work.
+// primitive there too, on the same packed weight: exact, at half the work;
+// narrow weights (all within [-64, 64]) always do.
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -43,7 +44,8 @@ class OnednnLinear final : public LinearKernel {
  public:
   OnednnLinear(const LinearSpec& spec, const void* weight)
       : LinearKernel(spec),
-        split_(spec.int8() && !isa_has_vnni()) {
+        split_(spec.int8() && !isa_has_vnni() &&
+               !narrow_weights(static_cast<const int8_t*>(weight), spec.K * spec.N)) {
     init([&](const memory::desc& md) {
       packed_ = memory(md, engine());
       reorder(plain(const_cast<void*>(weight)), packed_);
@@ -54,7 +56,9 @@ class OnednnLinear final : public LinearKernel {
   // wants here, else decoded from the saved layout and re-packed.
   OnednnLinear(const LinearSpec& spec, const SavedForm& form)
       : LinearKernel(spec),
-        split_(spec.int8() && !isa_has_vnni()) {
+        split_(spec.int8() && !isa_has_vnni() &&
+               !narrow_weights(BlockedLayout::parse(form.layout, form.what), form.packed.data,
+                               form.packed.size)) {
     const BlockedLayout saved = BlockedLayout::parse(form.layout, form.what);
     const size_t elem = spec_.weight_elem_size();
     check(saved.ndims == 2 && saved.dims[0] == spec_.K && saved.dims[1] == spec_.N &&
@@ -197,6 +201,7 @@ class OnednnLinear final : public LinearKernel {
       execute_matmul(M, const_cast<uint8_t*>(x), y, &rq, false);
       return;
     }
+    counters_.ran_split();
     const auto split = split_input(x, M * spec_.K, rq.src_zp, M * spec_.N);
     const RunQuant split_rq{1.0f, split.zero_point, 1.0f, 0};
     execute_matmul(2 * M, split.halves, split.acc, &split_rq, true);
@@ -226,7 +231,7 @@ class OnednnLinear final : public LinearKernel {
     execute(prim.primitive, args, prim.scratch_size, "matmul");
   }
 
-  const bool split_;  // int8 without VNNI: wide inputs run split (int8_split.h)
+  const bool split_;  // int8 without VNNI and wide weights: wide inputs run split (int8_split.h)
   memory packed_;
   std::shared_ptr<const void> keep_;  // the model file packed_ points into, if any
   memory bias_;

@@ -326,6 +326,21 @@ void for_each_offset(const BlockedLayout& l, F f) {
 }
 }  // namespace
 
+int64_t BlockedLayout::span() const {
+  // the last element's offset: every outer index at its last block, every
+  // inner index at its last element; plus one
+  int64_t dim_block[kMaxDims];
+  for (int d = 0; d < ndims; ++d) dim_block[d] = 1;
+  for (int i = 0; i < nblks; ++i) dim_block[idxs[i]] *= blks[i];
+  int64_t last = 0, inner = 1;
+  for (int i = 0; i < nblks; ++i) inner *= blks[i];
+  for (int d = 0; d < ndims; ++d) {
+    if (dims[d] == 0) return 0;
+    last += (dims[d] + dim_block[d] - 1) / dim_block[d] * strides[d] - strides[d];
+  }
+  return last + inner;
+}
+
 std::vector<uint8_t> BlockedLayout::bytes() const {
   ByteWriter w;
   w.put(kLayoutTag);

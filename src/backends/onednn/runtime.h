@@ -137,6 +137,9 @@ struct BlockedLayout {
   // inside `size`); FILE_FORMAT naming `what` otherwise.
   static BlockedLayout parse(const std::vector<uint8_t>& bytes, const std::string& what);
   bool operator==(const BlockedLayout& o) const;
+  // Elements from the start to past the last one the layout addresses
+  // (padding included; trailing compensation terms excluded).
+  int64_t span() const;
   std::string str() const;  // "f32 [64, 576] blocked 16x..." in messages
 };
 // Copies the values of a blocked layout (any number of dimensions, nested

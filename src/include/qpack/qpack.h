@@ -176,6 +176,9 @@ typedef struct qpack_op_stats {
                              oneDNN: the primitive of their shape and thread count) */
   uint64_t evictions;     /* entries dropped from a bounded cache (states, primitives) */
   uint64_t runs;          /* run calls that passed the argument checks */
+  uint64_t split_runs;    /* int8 runs on oneDNN without VNNI that split their input
+                             to stay exact (twice the work): inputs above 127 on
+                             weights outside [-64, 64] (0 elsewhere) */
 } qpack_op_stats;
 
 /* ---- packed linear ----------------------------------------------------- */
