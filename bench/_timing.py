@@ -81,6 +81,43 @@ def timed(fn, *, min_time=1.0, min_runs=10, max_runs=500, warmup=3, threshold=0.
     return Timed(statistics.median(times) * 1e3, len(times), wall, deltas, threshold)
 
 
+def timed_side_by_side(fns, *, rounds=5, min_time=1.0, min_runs=10, max_runs=500, warmup=3, threshold=0.05,
+                       settle=0.2):
+    """`timed` for several fns in alternating rounds: each round runs every fn for
+    min_time / rounds seconds (at least min_runs / rounds times), so a machine that
+    gets busier or quieter during the run moves every fn alike and the ratios
+    between them stay valid. One Timed per fn, over all its rounds (threads counted
+    from their CPU time summed over the rounds). Before each block the process
+    idles `settle` seconds, so that the thread pools of the fn before (OpenMP's and
+    ONNX Runtime's spin before they sleep) neither take the cores nor count as
+    threads of this one."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    per_min = -(-min_runs // rounds)
+    per_max = max(per_min, -(-max_runs // rounds))
+    times = [[] for _ in fns]
+    walls = [0.0] * len(fns)
+    cpus = [{} for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            time.sleep(settle)
+            fn()  # one untimed call: the pool wakes up
+            before = thread_cpu()
+            start = time.perf_counter()
+            n = 0
+            while n < per_min or (time.perf_counter() - start < min_time / rounds and n < per_max):
+                t0 = time.perf_counter()
+                fn()
+                times[i].append(time.perf_counter() - t0)
+                n += 1
+            walls[i] += time.perf_counter() - start
+            for tid, c in thread_cpu().items():
+                cpus[i][tid] = cpus[i].get(tid, 0.0) + c - before.get(tid, 0.0)
+    return [Timed(statistics.median(t) * 1e3, len(t), w, list(c.values()), threshold)
+            for t, w, c in zip(times, walls, cpus)]
+
+
 def fmt_table(headers, rows):
     widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
     line = "| " + " | ".join(str(h).ljust(w) for h, w in zip(headers, widths)) + " |"

@@ -11,11 +11,14 @@ ONNX Runtime fp32, ONNX Runtime static int8 (QDQ, per-channel s8 weights, u8
 activations), PyTorch FX post-training quantization (x86 and qnnpack engines),
 qpack fp32 = qpack.freeze(model), qpack int8 (onednn / qnnpack) =
 qpack.freeze(model, dtype="int8", example_inputs=calib, backend=...); on a
-CPU without VNNI also qpack int8 (onednn, reduce_range) (activations onto
-[0, 127], the inputs oneDNN's fused int8 kernels take exactly there). Every
-int8 configuration is calibrated on the same batches.
+CPU without VNNI (where that default is reduce_range="weights": weights onto
+[-64, 64]) also qpack int8 (onednn, 8-bit) (reduce_range=False) and (onednn,
+reduce_range activations) (activations onto [0, 127]). Every int8
+configuration is calibrated on the same batches.
 
-Each row is built at its thread count and timed there (medians). Beside each
+Each row is built at its thread count and timed there (medians), the rows of
+one model (or layer and dtype) side by side in alternating rounds, so that a
+machine getting busier or quieter moves them alike. Beside each
 timing: the threads that did work during the timed block (CPU time of every
 /proc/self/task/* grew by more than 5 % of the wall time; a row using more
 threads than it says is flagged "!"), and its rate (conv/linear MACs x 2 per
@@ -45,7 +48,7 @@ from qpack.torch.graph import runner_of  # noqa: E402
 
 import _peak  # noqa: E402
 import models  # noqa: E402
-from _timing import fmt_table, timed  # noqa: E402
+from _timing import fmt_table, timed_side_by_side  # noqa: E402
 
 try:
     import onnxruntime as ort
@@ -274,17 +277,16 @@ class Bench:
         p = self.peak.get(key)
         return None if p is None else p * threads
 
-    def measure(self, label, dtype, make, inputs, threads, macs, prebuilt=None):
-        """Builds at `threads` (or takes `prebuilt`), times; (model, cells) with
-        cells = [ms, used, rate]."""
-        if prebuilt is None:
-            set_threads(threads)
-            m = make(threads)
-        else:
-            m = prebuilt
-            set_threads(threads)
+    def measure(self, rows, inputs, threads, macs):
+        """Times built configurations side by side at `threads` (alternating rounds:
+        _timing.timed_side_by_side), rows = [(label, dtype, model)]; one list of
+        cells [ms, used, rate] per row."""
+        set_threads(threads)
         with torch.inference_mode():
-            r = timed(lambda: call(m, inputs), **self.time_kw())
+            results = timed_side_by_side([lambda m=m: call(m, inputs) for _, _, m in rows], **self.time_kw())
+        return [self.cells(label, dtype, r, threads, macs) for (label, dtype, _), r in zip(rows, results)]
+
+    def cells(self, label, dtype, r, threads, macs):
         # threads that worked, and CPU seconds per wall second: far below the threads
         # used means they waited for each other (a busy machine)
         used = f"{r.threads_used} ({r.cpu_per_wall:.2f})"
@@ -306,7 +308,27 @@ class Bench:
                                     f"{threads}-core peak {peak:.0f}")
         else:
             rate_cell = f"{rate:.0f}"
-        return m, [f"{r.median_ms:.3f}" if r.median_ms < 1 else f"{r.median_ms:.2f}", used, rate_cell]
+        return [f"{r.median_ms:.3f}" if r.median_ms < 1 else f"{r.median_ms:.2f}", used, rate_cell]
+
+
+def build_all(entries, threads, failures, where, inputs, prebuilt=None):
+    """[(cfg, dtype, model)] built at `threads` (or taken from `prebuilt`: --build-once),
+    leaving out (into failures) those that cannot be set up or run on `inputs`."""
+    built = []
+    for cfg, dtype, make in entries:
+        try:
+            if prebuilt is not None:
+                m = prebuilt[cfg]
+            else:
+                set_threads(threads)
+                m = make(threads)
+            set_threads(threads)
+            with torch.inference_mode():
+                call(m, inputs)
+            built.append((cfg, dtype, m))
+        except Exception as e:  # noqa: BLE001 - a benchmark reports what it could not run
+            failures.append(f"{where} / {cfg} @{threads} thr: {short_error(e)}")
+    return built
 
 
 def rel_err(out, ref):
@@ -370,36 +392,33 @@ def models_table(bench, args, threads):
         errs = {}
         with tempfile.TemporaryDirectory(prefix="qpack-bench-onnx-") as d:
             onnx = OrtFiles(model, x, calib, d)
-            for cfg, dtype, make in configurations(model, x, calib, onnx):
-                cells, graph, mb, err = [], "-", "-", "-"
-                prebuilt = None
-                if args.build_once:  # the old harness: built once at the process default, then re-threaded
-                    set_threads(os.cpu_count())
-                    try:
-                        prebuilt = make(os.cpu_count())
-                    except Exception:  # noqa: BLE001 - reported below, row by row
-                        pass
-                for i, t in enumerate(threads):
-                    try:
-                        m, c = bench.measure(f"{name} / {cfg}", dtype, make, x, t, macs, prebuilt)
-                    except Exception as e:  # noqa: BLE001 - a benchmark reports what it could not run
-                        failures.append(f"{name} / {cfg} @{t} thr: {short_error(e)}")
-                        cells += ["-", "-", "-"]
-                        continue
-                    cells += c
-                    if i == 0:
-                        graph = graph_cell(cfg, m)
-                        mb = f"{weight_mb(m):.1f}"
-                        errs[cfg] = rel_err(evaluate(m, held_out), ref)
-                        err = f"{errs[cfg]:.4f}"
-                        if args.report and cfg.startswith("qpack") and runner_of(m) is not None:
-                            reports.append(f"### {name} / {cfg}\n\n```\n{runner_of(m).report()}\n```")
-                    del m
-                    gc.collect()
-                rows.append([name, cfg, graph] + cells + [mb, err])
+            cfgs = list(configurations(model, x, calib, onnx))
+            prebuilt = None
+            if args.build_once:  # the old harness: built once at the process default, then re-threaded
+                prebuilt = {}
+                for cfg, _, m in build_all(cfgs, os.cpu_count(), [], name, x):
+                    prebuilt[cfg] = m
+            cells = {cfg: [] for cfg, _, _ in cfgs}
+            info = {cfg: ["-", "-", "-"] for cfg, _, _ in cfgs}  # qpack ran as, weights MB, rel. err
+            for i, t in enumerate(threads):
+                built = build_all(cfgs, t, failures, name, x, prebuilt)
+                measured = bench.measure([(f"{name} / {cfg}", dtype, m) for cfg, dtype, m in built], x, t, macs)
+                got = dict(zip([cfg for cfg, _, _ in built], measured))
+                for cfg, _, m in built if i == 0 else ():
+                    errs[cfg] = rel_err(evaluate(m, held_out), ref)
+                    info[cfg] = [graph_cell(cfg, m), f"{weight_mb(m):.1f}", f"{errs[cfg]:.4f}"]
+                    if args.report and cfg.startswith("qpack") and runner_of(m) is not None:
+                        reports.append(f"### {name} / {cfg}\n\n```\n{runner_of(m).report()}\n```")
+                for cfg in cells:
+                    cells[cfg] += got.get(cfg, ["-", "-", "-"])
+                del built, measured
+                gc.collect()
+            for cfg in cells:
+                rows.append([name, cfg, info[cfg][0]] + cells[cfg] + info[cfg][1:])
         if calib is not None and any(k.startswith("torch FX") for k in errs):
             fx = errs.get("torch FX PTQ int8 (x86)")
-            for cfg in ("qpack int8 (onednn)", "qpack int8 (qnnpack)", "qpack int8 (onednn, reduce_range)"):
+            for cfg in ("qpack int8 (onednn)", "qpack int8 (qnnpack)", "qpack int8 (onednn, 8-bit)",
+                        "qpack int8 (onednn, reduce_range activations)"):
                 if cfg in errs:
                     verdict = "-" if fx is None else ("yes" if errs[cfg] <= fx else "NO")
                     errors.append([name, cfg, f"{errs[cfg]:.4f}", "-" if fx is None else f"{fx:.4f}",
@@ -476,16 +495,14 @@ def layers_table(bench, args):
                         model, dtype="int8", backend="onednn", retain=False, example_inputs=calib,
                         reduce_range=rr)))
             for dtype, entries in cfgs.items():
+                built = build_all([(cfg, dtype, make) for cfg, make in entries], t, failures, f"{name} {dtype}", x)
+                measured = bench.measure([(f"{name} {dtype} / {cfg}", dtype, m) for cfg, _, m in built], x, t, macs)
                 results = []
-                for cfg, make in entries:
-                    try:
-                        m, cells = bench.measure(f"{name} {dtype} / {cfg}", dtype, make, x, t, macs)
-                        with torch.inference_mode():
-                            err = rel_err(m(x), ref)
-                        results.append((cfg, cells, graph_cell(cfg, m), err))
-                        del m
-                    except Exception as e:  # noqa: BLE001
-                        failures.append(f"{name} {dtype} / {cfg}: {short_error(e)}")
+                for (cfg, _, m), cells in zip(built, measured):
+                    with torch.inference_mode():
+                        err = rel_err(m(x), ref)
+                    results.append((cfg, cells, graph_cell(cfg, m), err))
+                del built
                 best_peer = min((float(c[0]) for cfg, c, _, _ in results if not cfg.startswith("qpack")),
                                 default=None)
                 for cfg, cells, graph, err in results:

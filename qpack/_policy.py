@@ -38,8 +38,9 @@ def backends():
     "conv2d": [modes], "graph_ops": [node kinds], "weight_quantization": [...],
     "int8_input_max": 255 or 127}}, in the order backend="auto" prefers them. int8_input_max is
     the largest uint8 input its static int8 kernels take at full speed on this CPU: 127 for oneDNN
-    without VNNI (wider inputs run exact at twice the work; ``freeze(..., reduce_range=True)``
-    calibrates activations to [0, 127]); 0 when not available."""
+    without VNNI (wider inputs run exact at twice the work unless the op's weights are within
+    [-64, 64], which ``freeze``'s default reduce_range="auto" makes them there); 0 when not
+    available."""
     out = {}
     for b in _core.backend_infos():
         out[b["name"]] = {

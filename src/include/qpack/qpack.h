@@ -162,8 +162,9 @@ QPACK_API int qpack_backend_available(qpack_backend backend);
 /* The largest uint8 input value the backend's static int8 kernels take at full
  * speed on this CPU: 255, or 127 for oneDNN on a CPU without VNNI, whose u8 x s8
  * kernels would saturate int16 pair sums there: qpack then runs wider inputs
- * split, exact at twice the work, and calibrates graphs to [0, 127] (as
- * PyTorch's reduce_range). 0 when the backend is not available. */
+ * split, exact at twice the work, unless every weight of the op is within
+ * [-64, 64] (then any input runs fused, exact). 0 when the backend is not
+ * available. */
 QPACK_API int qpack_backend_int8_input_max(qpack_backend backend);
 
 /* Counters of one packed object (every op, every backend and mode). */
