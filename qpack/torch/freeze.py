@@ -49,15 +49,13 @@ class Rule:
 @dataclasses.dataclass(frozen=True)
 class Int8Range:
     """What freeze's reduce_range chose: uint8 activations onto [0, act] and int8
-    weights onto [-weight, weight]. Depthwise convolutions keep 8-bit weights: their
-    kernels widen to 32 bits, exact at any weight without VNNI."""
+    weights onto [-weight, weight]."""
     act: int = 255
     weight: int = 127
 
-    def quantize(self, w, groups=1):
+    def quantize(self, w):
         """(int8 weight, per-channel scales) of a float Linear / Conv weight."""
-        depthwise = w.dim() > 2 and w.shape[1] == 1 and w.shape[0] == groups
-        return _q.quantize_weight_per_channel(w, _q._QMAX if depthwise else self.weight)
+        return _q.quantize_weight_per_channel(w, self.weight)
 
 
 @dataclasses.dataclass
@@ -187,7 +185,7 @@ def _make_conv_converter(frozen_cls):
         if ctx.dtype == "int8":
             qp = ctx.static_qparams(mod, activation) if ctx.ranges else None
             if qp is not None:
-                q, s = ctx.bits.quantize(w, mod.groups)
+                q, s = ctx.bits.quantize(w)
                 return frozen_cls.make("int8_static", q, _bias_f32(b), weight_scale=s, source="qpack_int8",
                                        **geo, **common, **qp)
             # no dynamic int8 convolution: uncalibrated convolutions stay fp32
@@ -574,8 +572,8 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
       an input above 127 on weights outside [-64, 64] split, exact at twice the
       work; anything narrower runs the fused kernels, as exact.
       ``"weights"``: int8 weights onto [-64, 64] (7 bits, as ONNX Runtime's
-      reduce_range; depthwise convolutions keep 8 bits, their kernels never
-      saturate), activations 8-bit: every layer fused, whatever the input.
+      reduce_range), activations 8-bit: every layer fused, whatever the
+      input, and depthwise convolutions on qpack's AVX2 kernel.
       ``True`` (or ``"activations"``): static int8 activations calibrated onto
       [0, 127] instead of [0, 255] (PyTorch's reduce_range), clamped there
       through the graph. ``False``: 8 bits for both. ``"auto"`` (default):
@@ -724,7 +722,7 @@ def _static_int8(layer, in_qp, out_qp, backend, retain, activation, bits):
     """A frozen fp32 layer's static int8 twin (per-channel weights onto ``bits.weight``;
     uint8 (scale, zero point) in and out)."""
     w, b = layer.unpack()
-    q, s = bits.quantize(w, layer._spec.get("groups", 1))
+    q, s = bits.quantize(w)
     common = dict(weight_scale=s, activation=activation, backend=backend, retain=retain,
                   source="qpack_int8", folded_bn=layer._spec.get("folded_bn", False),
                   input_scale=in_qp[0], input_zero_point=in_qp[1], output_scale=out_qp[0], output_zero_point=out_qp[1])

@@ -172,7 +172,32 @@ def _narrow_weight_checks(torch, tmp):
                     assert diff <= 1, (wmax, stride, k, diff)
                 assert (packed.stats["split_runs"] == 0) == (wmax == 64), (wmax, k, packed.stats)
                 checked += 1
-    return f"narrow weights: {checked} packed objects fused at [-64, 64], split at 65"
+    # depthwise: narrow weights run qpack's AVX2 kernel (pairs in int16), wide ones oneDNN's;
+    # both exact, also at +-64 weights on inputs of 255 (the largest pair sums)
+    worst = 0
+    for c, k, stride, pad, dil, size, nhwc in [(144, 3, 1, 1, 1, 20, True), (144, 3, 2, 1, 1, 21, True),
+                                               (120, 5, 1, 2, 1, 14, True), (40, 5, 2, 2, 1, 14, True),
+                                               (32, 3, 1, 1, 1, 20, False), (24, 3, 2, 0, 1, 11, True),
+                                               (16, 7, 1, 3, 2, 12, True), (960, 3, 1, 1, 1, 7, True),
+                                               (20, 3, 1, 1, 1, 9, True), (200, 3, 1, 1, 1, 6, True)]:
+        for wmax in (64, 127):
+            w = torch.randint(-wmax, wmax + 1, (c, 1, k, k), dtype=torch.int8, generator=gen)
+            w[:c // 2] = torch.where(w[:c // 2] < 0, -wmax, wmax).to(torch.int8)
+            x = torch.randint(0, 256, (2, c, size, size), dtype=torch.uint8, generator=gen)
+            x[torch.rand(x.shape, generator=gen) < 0.5] = 255
+            if nhwc:
+                x = x.contiguous(memory_format=torch.channels_last)
+            b = torch.randn(c, generator=gen)
+            ws = (torch.rand(c, generator=gen) * 0.01 + 0.001).tolist()
+            so = k * k * 255 * 64 * 0.04 * 0.005 / 60
+            conv = qpack.PackedConv2d(w, b, stride, pad, dil, c, backend="onednn", weight_scale=ws,
+                                      output_scale=so, output_zero_point=100, activation="relu")
+            ref = float_qconv(x, 0.04, 7, w, ws, b, pad, c, so, 100, stride, dil, "relu")
+            diff = (conv(x, scale=0.04, zero_point=7).to(torch.int32) - ref).abs().max().item()
+            assert diff <= 1, (c, k, stride, pad, dil, size, nhwc, wmax, diff)
+            worst, checked = max(worst, diff), checked + 1
+    return (f"narrow weights: {checked} packed objects fused at [-64, 64], split at 65; depthwise "
+            f"max diff {worst} quanta")
 
 
 def _reloaded(packed, path):

@@ -56,7 +56,7 @@ using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
 // qpack's own static int8 kernels on this backend.
-enum class OwnKernel { none, depthwise, pointwise };
+enum class OwnKernel { none, depthwise, depthwise_avx2, pointwise };
 
 // QPACK_ONEDNN_OWN_DEPTHWISE=0 / QPACK_ONEDNN_OWN_POINTWISE=0 when a
 // convolution is made keep it on oneDNN's kernel (bench/bench_own_kernels.py
@@ -66,13 +66,21 @@ bool own_enabled(const char* name) {
   return v == nullptr || std::string(v) != "0";
 }
 
-// The own kernel that may run a convolution, by its parameters and this CPU.
-OwnKernel own_kernel_for(const ConvSpec& spec) {
-  if (!spec.static_int8() || !isa_has_avx512_vnni()) return OwnKernel::none;
-  if (spec.depthwise() && depthwise_u8_fits(spec.KH, spec.KW, spec.OC) &&
-      own_u8_available() && own_enabled("QPACK_ONEDNN_OWN_DEPTHWISE")) {
-    return OwnKernel::depthwise;
+// The own kernel that may run a convolution, by its parameters, its weights
+// (narrow: all within [-64, 64]) and this CPU.
+OwnKernel own_kernel_for(const ConvSpec& spec, bool narrow_weights) {
+  if (!spec.static_int8()) return OwnKernel::none;
+  if (spec.depthwise() && own_enabled("QPACK_ONEDNN_OWN_DEPTHWISE")) {
+    if (isa_has_avx512_vnni() &&
+        depthwise_u8_fits(spec.KH, spec.KW, spec.OC, DepthwiseIsa::avx512_vnni)) {
+      return OwnKernel::depthwise;
+    }
+    if (!isa_has_avx512_vnni() && isa_has_avx2() && narrow_weights &&
+        depthwise_u8_fits(spec.KH, spec.KW, spec.OC, DepthwiseIsa::avx2)) {
+      return OwnKernel::depthwise_avx2;
+    }
   }
+  if (!isa_has_avx512_vnni()) return OwnKernel::none;
   if (spec.groups == 1 && spec.KH == 1 && spec.KW == 1 && spec.pad_t == 0 && spec.pad_l == 0 &&
       spec.pad_b == 0 && spec.pad_r == 0 && own_u8_available() &&
       own_enabled("QPACK_ONEDNN_OWN_POINTWISE")) {
@@ -89,25 +97,29 @@ struct Packed {
   int64_t N = 1, H = 0, W = 0;
   std::shared_ptr<const void> keep;  // the model file mem points into, if any
   OwnKernel own = OwnKernel::none;
+  int64_t wblock = 16;                // depthwise: channels per block of the layout
   PointwiseWeights pointwise{};       // pointwise: where its weights are
   std::vector<int32_t> weight_sums;   // pointwise: per output, over the inputs
   memory::desc md() const { return mem.get_desc(); }
 };
 
 // Sets packed->own when its layout is what `kernel` reads: depthwise_u8 the
-// weight [C, 1, 1, KH, KW] in blocks of 16 channels, [C/16][KH][KW][16]
-// (oneDNN's Abcde16a); pointwise_u8 the layouts pointwise_u8_layout accepts.
+// weight [C, 1, 1, KH, KW] in blocks of 16 or 8 channels, [C/16][KH][KW][16]
+// or [C/8][KH][KW][8] (oneDNN's Abcde16a / Abcde8a); pointwise_u8 the layouts
+// pointwise_u8_layout accepts.
 void find_own_layout(Packed* packed, const ConvSpec& spec, OwnKernel kernel) {
   packed->own = OwnKernel::none;
   if (kernel == OwnKernel::none) return;
   const BlockedLayout l = BlockedLayout::of(packed->md(), false);
   if (l.data_type != static_cast<uint32_t>(dt::s8)) return;
-  if (kernel == OwnKernel::depthwise) {
+  if (kernel == OwnKernel::depthwise || kernel == OwnKernel::depthwise_avx2) {
     const int64_t dims[5] = {spec.OC, 1, 1, spec.KH, spec.KW};
-    if (l.ndims == 5 && std::equal(dims, dims + 5, l.dims) && l.nblks == 1 && l.blks[0] == 16 &&
-        l.idxs[0] == 0 && l.strides[0] == spec.KH * spec.KW * 16 &&
-        l.strides[3] == spec.KW * 16 && l.strides[4] == 16) {
+    const int64_t b = l.nblks == 1 ? l.blks[0] : 0;
+    if (l.ndims == 5 && std::equal(dims, dims + 5, l.dims) && (b == 16 || b == 8) &&
+        l.idxs[0] == 0 && l.strides[0] == spec.KH * spec.KW * b && l.strides[3] == spec.KW * b &&
+        l.strides[4] == b) {
       packed->own = kernel;
+      packed->wblock = b;
     }
     return;
   }
@@ -140,8 +152,9 @@ class OnednnConv final : public ConvKernel {
  public:
   OnednnConv(const ConvSpec& spec, const void* weight)
       : ConvKernel(spec),
-        split_(splits(spec) &&
-               !narrow_weights(static_cast<const int8_t*>(weight), spec.weight_count())),
+        narrow_(spec.int8() &&
+                narrow_weights(static_cast<const int8_t*>(weight), spec.weight_count())),
+        split_(splits(spec) && !narrow_),
         subsample_(splits(spec) && subsamples(spec)) {
     // Pack for a representative channels-last problem; other shapes reuse the layout.
     const int64_t H = std::max<int64_t>(kPackSize, spec_.dil_h * (spec_.KH - 1) + 1);
@@ -155,8 +168,9 @@ class OnednnConv final : public ConvKernel {
   // the problem they were packed for, else decoded and re-packed.
   OnednnConv(const ConvSpec& spec, const SavedForm& form)
       : ConvKernel(spec),
-        split_(splits(spec) && !narrow_weights(BlockedLayout::parse(form.layout, form.what),
-                                               form.packed.data, form.packed.size)),
+        narrow_(spec.int8() && narrow_weights(BlockedLayout::parse(form.layout, form.what),
+                                              form.packed.data, form.packed.size)),
+        split_(splits(spec) && !narrow_),
         subsample_(splits(spec) && subsamples(spec)) {
     const BlockedLayout saved = BlockedLayout::parse(form.layout, form.what);
     const auto dims = wei_dims();
@@ -269,7 +283,7 @@ class OnednnConv final : public ConvKernel {
     if (own_ != OwnKernel::none) {
       auto packed = std::atomic_load(&packed_);
       if (packed->own == own_ &&
-          (own_ == OwnKernel::depthwise ||
+          (own_ != OwnKernel::pointwise ||
            pointwise_u8_faster(spec_.IC, packed->pointwise, s.OH * s.OW))) {
         run_own(s, *packed, x, rq, y);
         return;
@@ -520,11 +534,12 @@ class OnednnConv final : public ConvKernel {
     const RequantU8 q{rq.src_scale, rq.src_zp, spec_.weight_scales.data(), spec_.per_channel(),
                       spec_.bias.empty() ? nullptr : spec_.bias.data(), spec_.clamp_min,
                       spec_.clamp_max, rq.dst_scale, rq.dst_zp};
-    if (own_ == OwnKernel::depthwise) {
+    if (own_ != OwnKernel::pointwise) {
       depthwise_u8(DepthwiseU8{src, dst, s.N, s.H, s.W, spec_.OC, s.OH, s.OW, spec_.KH, spec_.KW,
                                spec_.stride_h, spec_.stride_w, spec_.pad_t, spec_.pad_l,
-                               spec_.dil_h, spec_.dil_w, w, q},
-                   num_threads());
+                               spec_.dil_h, spec_.dil_w, w, packed.wblock, q},
+                   num_threads(),
+                   own_ == OwnKernel::depthwise ? DepthwiseIsa::avx512_vnni : DepthwiseIsa::avx2);
     } else {
       pointwise_u8(PointwiseU8{src, dst, s.N, s.H, s.W, spec_.IC, spec_.OC, s.OH, s.OW,
                                spec_.stride_h, spec_.stride_w, w, packed.pointwise,
@@ -538,9 +553,10 @@ class OnednnConv final : public ConvKernel {
     counters_.hit();
   }
 
+  const bool narrow_;  // int8 weights all within [-64, 64] (int8_split.h)
   const bool split_;  // int8 without VNNI and wide weights: wide inputs run split (int8_split.h)
   const bool subsample_;  // int8 without VNNI, a strided 1x1: gather the pixels read, run stride 1
-  const OwnKernel own_ = own_kernel_for(spec_);  // static int8 on qpack's kernel, where it fits
+  const OwnKernel own_ = own_kernel_for(spec_, narrow_);  // static int8 on qpack's kernel, where it fits
   mutable std::shared_ptr<const Packed> packed_;  // atomic_load/store only
   mutable int relayouts_ = 0;                     // guarded by the cache's lock
   memory bias_;

@@ -96,6 +96,18 @@ bool isa_has_avx512_vnni() {
   }
 }
 
+bool isa_has_avx2() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::avx2:
+    case dnnl::cpu_isa::avx2_vnni:
+    case dnnl::cpu_isa::avx2_vnni_2:
+    case dnnl::cpu_isa::avx512_core:
+      return true;
+    default:
+      return isa_has_avx512_vnni();
+  }
+}
+
 bool isa_has_vnni() {
   const auto isa = dnnl::get_effective_cpu_isa();
   // sse41, avx, avx2, avx512_core: vpmaddubsw saturates

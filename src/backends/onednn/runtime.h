@@ -48,6 +48,8 @@ bool isa_has_vnni();
 // True when the effective ISA (after ONEDNN_MAX_CPU_ISA) is AVX-512 with VNNI:
 // qpack's own kernels (depthwise_u8.h) may use it too.
 bool isa_has_avx512_vnni();
+// True when the effective ISA is AVX2 or above (AVX2 VNNI, AVX-512).
+bool isa_has_avx2();
 // Applies qpack's thread count to the calling thread's OpenMP team.
 void apply_num_threads();
 std::string describe();
