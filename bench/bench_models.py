@@ -180,6 +180,19 @@ class OrtFiles:
         return self._int8
 
 
+class OnEngine(nn.Module):
+    """A quantized PyTorch model run on its quantized engine: the engine is one setting for
+    the whole process, and the rows of a model are built together and timed in turns."""
+
+    def __init__(self, model, engine):
+        super().__init__()
+        self.model, self.engine = model, engine
+
+    def forward(self, *args):
+        torch.backends.quantized.engine = self.engine
+        return self.model(*args)
+
+
 def fx_ptq(model, calib, engine):
     """PyTorch FX post-training static quantization (float in, float out)."""
     from torch.ao.quantization import get_default_qconfig_mapping
@@ -189,7 +202,7 @@ def fx_ptq(model, calib, engine):
     with torch.no_grad():
         for b in calib:
             prepared(b)
-    return convert_fx(prepared)
+    return OnEngine(convert_fx(prepared), engine)
 
 
 def jit_opt(model, example):
@@ -217,7 +230,8 @@ def configurations(model, example, calib, onnx):
         for engine in ("qnnpack", "x86"):
             def dq(t, engine=engine):
                 torch.backends.quantized.engine = engine
-                return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
+                return OnEngine(torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {nn.Linear},
+                                                                       dtype=torch.qint8), engine)
             yield f"torch dynamic int8 ({engine})", "int8", dq
     if calib is not None:
         for engine in ("x86", "qnnpack"):

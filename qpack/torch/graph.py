@@ -178,11 +178,12 @@ class _Lowering:
 
     def snapshot(self):
         return (len(self.values), len(self.nodes), len(self.inputs), len(self.layers), dict(self.value_of),
-                [dict(n) for n in self.nodes[-1:]], dict(self.qp))
+                [dict(n) for n in self.nodes[-1:]], dict(self.qp), list(self.values))
 
     def rollback(self, snap):
-        nv, nn_, ni, nl, value_of, last, qp = snap
-        del self.values[nv:], self.nodes[nn_:], self.inputs[ni:], self.input_nodes[ni:], self.layers[nl:]
+        nv, nn_, ni, nl, value_of, last, qp, values = snap
+        del self.nodes[nn_:], self.inputs[ni:], self.input_nodes[ni:], self.layers[nl:]
+        self.values[:] = values  # a fused activation's value stood for it: undone too
         self.value_of = value_of
         self.qp = qp
         if last:  # an activation fused into the last add is undone too
@@ -225,10 +226,13 @@ class _Lowering:
                 self.value_of[node] = producer["output"]
                 return
             src = self.nodes[-1] if self.nodes else None
-            # An activation right after an add that nothing else reads is fused into it.
+            # An activation right after an add that nothing else reads is fused into it;
+            # the add's value now stands for the activation (calibration, qparams: a
+            # ReLU's output range starts at 0, so its zero point is 0).
             if (src is not None and src["kind"] == "add" and src.get("activation") is None
                     and src["fx"] is node.args[0] and len(node.args[0].users) == 1):
                 src.update(activation=name, act_min=lo, act_max=hi)
+                self.values[src["output"]] = node
                 self.value_of[node] = src["output"]
                 return
             self.emit_checked(node, "activation", [node.args[0]], activation=name, act_min=lo, act_max=hi)

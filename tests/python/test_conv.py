@@ -379,6 +379,30 @@ def test_new_input_scale_repacks_from_packed_form(backend):
         assert conv.stats["states_built"] >= 3
 
 
+@pytest.mark.parametrize("k, wmax", [(3, 127), (3, 64), (1, 127)])
+def test_zero_points_of_zero_share_the_packed_weights(k, wmax):
+    """oneDNN runs a static int8 convolution whose input and / or output zero point is 0 on a
+    primitive without them (faster on AVX2), reading the same packed bytes: every combination
+    within a quantum of the float oracle, no state built past the first pack, no byte added."""
+    g = torch.Generator().manual_seed(k + wmax)
+    w = torch.randint(-wmax, wmax + 1, (24, 16, k, k), dtype=torch.int8, generator=g)
+    b = torch.randn(24, generator=g)
+    x = torch.randint(0, 256, (2, 16, 10, 10), dtype=torch.uint8, generator=g).contiguous(
+        memory_format=torch.channels_last)
+    made = {}
+    for zo in (0, 90):
+        conv = qpack.PackedConv2d(w, b, 1, k // 2, backend="onednn", weight_scale=0.01, output_scale=0.3,
+                                  output_zero_point=zo, activation="relu" if zo == 0 else None)
+        nbytes = conv.nbytes_packed
+        for zi in (0, 7, 0):
+            y = conv(x, scale=0.05, zero_point=zi)
+            ref = float_qconv(x, 0.05, zi, w, [0.01], b, k // 2, 1, 0.3, zo, 1, 1, "relu" if zo == 0 else None)
+            assert (y.to(torch.int32) - ref).abs().max().item() <= 1, (zo, zi)
+        assert conv.stats["states_built"] == 1 and conv.nbytes_packed == nbytes, conv.stats
+        made[zo] = conv
+    assert torch.equal(made[0].unpack()[0], w)
+
+
 def test_batch_zero_and_unbatched(backend):
     w = torch.randint(-127, 128, (4, 2, 3, 3), dtype=torch.int8)
     conv = qpack.PackedConv2d(w, backend=backend, weight_scale=0.01, output_scale=0.1, output_zero_point=0)

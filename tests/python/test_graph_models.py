@@ -618,6 +618,21 @@ def test_reduce_range_calibrates_every_value_to_7_bits(backend):
         qpack.freeze(model, dtype="int8", example_inputs=calib, reduce_range=1)
 
 
+def test_add_relu_value_is_calibrated_after_the_relu():
+    """A ReLU fused into an add: the value is calibrated on the ReLU's output, so its zero point
+    is 0 and its scale covers [0, max] only (before, the add's range wasted the negative half)."""
+    torch.manual_seed(0)
+    model = randomize_bn(BLOCKS["resnet50_bottleneck"]()).eval()
+    x = torch.randn(2, 3, 16, 16)
+    f = qpack.freeze(model, dtype="int8", example_inputs=[x, torch.randn_like(x)], progress=False)
+    spec = G.runner_of(f)._spec
+    adds = [n for n in spec["nodes"] if n["kind"] == "add" and n.get("activation") == "relu"]
+    assert adds and all(spec["values"][n["output"]][2] == 0 for n in adds), adds
+    with torch.no_grad():
+        out_s = spec["values"][spec["nodes"][-1]["inputs"][0]][1]
+        assert float((f(x) - per_edge_reference(f, x)).abs().max()) <= 2 * out_s + 1e-6
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_reduce_range_weights_narrows_weights_only(backend):
     """freeze(reduce_range="weights"): conv / linear weights onto [-64, 64] (depthwise ones

@@ -142,6 +142,9 @@ struct Prim {
   float post_min, post_max;
   bool via_nhwc;  // reorder NCHW data to channels-last around the primitive
   bool split;     // int8_split.h's mode: s32 output, epilogue in C++
+  int wanted_zps;  // the zero points the runs it serves need (runtime.h's ZeroPoints)
+  int zps;        // those the primitive takes: wanted_zps, or all where that was not to be had
+  memory wei;     // weights->mem, or a view of its bytes without the zero-point terms
   dnnl::convolution_forward primitive;
   size_t scratch_size;
 };
@@ -400,12 +403,13 @@ class OnednnConv final : public ConvKernel {
   // run: the shape's activation after the layer's own, as one more post-op (f32)
   dnnl::convolution_forward::primitive_desc make_pd(int64_t N, int64_t H, int64_t W, tag x_tag,
                                                     tag y_tag, const memory::desc& wei_md, bool split,
-                                                    const ConvShape* run = nullptr) const {
+                                                    const ConvShape* run = nullptr,
+                                                    int zps = kBothZp) const {
     // A subsampling convolution's problems are the gathered pixels, stride 1.
     int64_t OH = H, OW = W;
     if (!subsample_) spec_.output_size(H, W, &OH, &OW);
     auto attr = make_attr(quant_of(spec_, split), spec_.per_channel() ? (grouped() ? 3 : 1) : 0,
-                          spec_.clamp_min, spec_.clamp_max);
+                          spec_.clamp_min, spec_.clamp_max, zps);
     dnnl::algorithm post;
     float alpha, beta;
     if (run != nullptr && eltwise_of(run->post_act, run->post_min, run->post_max, &post, &alpha, &beta)) {
@@ -436,23 +440,42 @@ class OnednnConv final : public ConvKernel {
   // When the best kernel for a shape wants another layout, the weights are
   // re-packed from the packed form. Called under the cache's lock; sets
   // *relaid when it publishes a new packed_ (older primitives are then dropped).
-  Prim build(const ConvShape& s, bool split, bool* relaid) const {
+  // A static int8 run whose zero points are 0 gets a primitive without them
+  // (runtime.h's ZeroPoints), on the same packed bytes; when that primitive
+  // wants another weight layout, the one with both zero points is built.
+  Prim build(const ConvShape& s, bool split, int zps, bool* relaid, int wanted_zps = -1) const {
+    if (wanted_zps < 0) wanted_zps = zps;
     try {
       auto packed = std::atomic_load(&packed_);
       const memory::desc any(wei_dims(), wei_dt(), tag::any);
       const bool plain_nchw = s.x_layout == QPACK_LAYOUT_NCHW || s.y_layout == QPACK_LAYOUT_NCHW;
+      // the packed weights for primitive `pd`: themselves, a view, or none
+      auto weights_for = [&](const dnnl::convolution_forward::primitive_desc& pd, memory* wei) {
+        if (pd.weights_desc() == packed->md()) {
+          *wei = packed->mem;
+          return true;
+        }
+        if (zps == kBothZp || !same_blocking(pd.weights_desc(), packed->md())) return false;
+        *wei = memory(pd.weights_desc(), engine(), packed->mem.get_data_handle());
+        return true;
+      };
+      auto prim = [&](const dnnl::convolution_forward::primitive_desc& pd, bool via_nhwc, memory wei) {
+        return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, s.post_act, s.post_min, s.post_max,
+                    via_nhwc, split, wanted_zps, zps, wei, dnnl::convolution_forward(pd),
+                    pd.scratchpad_desc().get_size()};
+      };
+      memory wei;
       if (plain_nchw) {
         try {
-          auto best = make_pd(s.N, s.H, s.W, layout_tag(s.x_layout), layout_tag(s.y_layout), any, split, &s);
-          if (!is_reference(best) && best.weights_desc() == packed->md()) {
-            return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, s.post_act, s.post_min, s.post_max,
-                        false, split, dnnl::convolution_forward(best), best.scratchpad_desc().get_size()};
-          }
+          auto best = make_pd(s.N, s.H, s.W, layout_tag(s.x_layout), layout_tag(s.y_layout), any, split, &s, zps);
+          if (!is_reference(best) && weights_for(best, &wei)) return prim(best, false, wei);
         } catch (const dnnl::error&) {
           // fall through to the channels-last primitive
         }
       }
-      auto best = make_pd(s.N, s.H, s.W, tag::nhwc, tag::nhwc, any, split, &s);
+      auto best = make_pd(s.N, s.H, s.W, tag::nhwc, tag::nhwc, any, split, &s, zps);
+      if (weights_for(best, &wei)) return prim(best, plain_nchw, wei);
+      if (zps != kBothZp) return build(s, split, kBothZp, relaid, wanted_zps);
       if (!(best.weights_desc() == packed->md())) {
         // Re-pack (copy-on-write) or, past kMaxRelayouts, keep a private copy.
         auto moved = relayout(best.weights_desc(), s);
@@ -464,8 +487,7 @@ class OnednnConv final : public ConvKernel {
         counters_.built();
         packed = moved;
       }
-      return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, s.post_act, s.post_min, s.post_max,
-                  plain_nchw, split, dnnl::convolution_forward(best), best.scratchpad_desc().get_size()};
+      return prim(best, plain_nchw, packed->mem);
     } catch (const dnnl::error& e) {
       fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN has no convolution for input ", s.N, "x",
            spec_.IC, "x", s.H, "x", s.W, " with the packed weight layout: ", e.what());
@@ -474,13 +496,17 @@ class OnednnConv final : public ConvKernel {
 
   void execute_conv(const ConvShape& s, void* src, void* dst, const RunQuant* rq, bool split) const {
     bool relaid = false;
+    // the zero points a static run needs (others leave them all in)
+    const int zps = rq == nullptr || split || !spec_.static_int8()
+                        ? kBothZp
+                        : (rq->src_zp != 0 ? kSrcZp : 0) | (rq->dst_zp != 0 ? kDstZp : 0);
     const auto held = prims_.get(
-        [&s, split](const Prim& p) {
+        [&s, split, zps](const Prim& p) {
           return p.split == split && p.N == s.N && p.H == s.H && p.W == s.W && p.x_layout == s.x_layout &&
                  p.y_layout == s.y_layout && p.post_act == s.post_act && p.post_min == s.post_min &&
-                 p.post_max == s.post_max;
+                 p.post_max == s.post_max && p.wanted_zps == zps;
         },
-        [&] { return build(s, split, &relaid); },
+        [&] { return build(s, split, zps, &relaid); },
         // Primitives built on a replaced layout are rebuilt on demand, so the
         // old copy is freed once in-flight runs end.
         [&relaid](const Prim& old, const Prim& fresh) {
@@ -505,10 +531,10 @@ class OnednnConv final : public ConvKernel {
     }
     ExecArgs args;
     args.add(DNNL_ARG_SRC, src_m);
-    args.add(DNNL_ARG_WEIGHTS, prim.weights->mem);
+    args.add(DNNL_ARG_WEIGHTS, prim.wei);
     args.add(DNNL_ARG_DST, dst_m);
     if (with_bias(split)) args.add(DNNL_ARG_BIAS, bias_);
-    if (rq != nullptr) add_quant_args(args, quant_of(spec_, split), *rq, wei_scales_);
+    if (rq != nullptr) add_quant_args(args, quant_of(spec_, split), *rq, wei_scales_, prim.zps);
     execute(prim.primitive, args, prim.scratch_size, "convolution");
     if (copy_dst) reorder(dst_m, dst_user);
   }

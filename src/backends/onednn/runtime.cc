@@ -135,17 +135,19 @@ Quant quant_of(const OpSpec& spec, bool split) {
 }
 
 dnnl::primitive_attr make_attr(Quant quant, int wei_scale_mask, float clamp_min,
-                               float clamp_max) {
+                               float clamp_max, int zps) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  auto src_zero_point = [&] { attr.set_zero_points_mask(DNNL_ARG_SRC, 0); };
+  auto src_zero_point = [&] {
+    if (quant != Quant::static_out || (zps & kSrcZp)) attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
+  };
   auto src_wei_scales = [&] {
     attr.set_scales_mask(DNNL_ARG_SRC, 0);
     attr.set_scales_mask(DNNL_ARG_WEIGHTS, wei_scale_mask);
   };
   auto dst_quant = [&] {
     attr.set_scales_mask(DNNL_ARG_DST, 0);
-    attr.set_zero_points_mask(DNNL_ARG_DST, 0);
+    if (zps & kDstZp) attr.set_zero_points_mask(DNNL_ARG_DST, 0);
   };
   auto clamp_post_op = [&] {
     const bool lo = !std::isinf(clamp_min), hi = !std::isinf(clamp_max);
@@ -228,11 +230,27 @@ const dnnl::memory& thread_scratchpad(size_t size) {
 }
 }  // namespace
 
-void add_quant_args(ExecArgs& args, Quant quant, const RunQuant& q, const dnnl::memory& wei_scales) {
+bool same_blocking(const dnnl::memory::desc& a, const dnnl::memory::desc& b) {
+  if (a.get_format_kind() != dnnl::memory::format_kind::blocked ||
+      b.get_format_kind() != dnnl::memory::format_kind::blocked) {
+    return false;
+  }
+  BlockedLayout x = BlockedLayout::of(a, false), y = BlockedLayout::of(b, false);
+  // a: s8 with no extra terms of its own (its bytes are the values, padding included)
+  const bool plain_s8 = a.get_data_type() == dnnl::memory::data_type::s8 &&
+                        static_cast<int64_t>(a.get_size()) == x.span();
+  x.size = y.size = 0;
+  return plain_s8 && x == y;
+}
+
+void add_quant_args(ExecArgs& args, Quant quant, const RunQuant& q, const dnnl::memory& wei_scales,
+                    int zps) {
   if (quant == Quant::none) return;
   Scalars& t = thread_scalars();
   t.src_zp = q.src_zp;
-  args.add(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, t.m_src_zp);
+  if (quant != Quant::static_out || (zps & kSrcZp)) {
+    args.add(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, t.m_src_zp);
+  }
   if (quant == Quant::split) return;
   t.src_scale = q.src_scale;
   args.add(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, t.m_src_scale);
@@ -241,7 +259,7 @@ void add_quant_args(ExecArgs& args, Quant quant, const RunQuant& q, const dnnl::
   t.dst_scale = q.dst_scale;
   t.dst_zp = q.dst_zp;
   args.add(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, t.m_dst_scale);
-  args.add(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, t.m_dst_zp);
+  if (zps & kDstZp) args.add(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, t.m_dst_zp);
 }
 
 void execute(const dnnl::primitive& prim, ExecArgs& args, size_t scratch_size, const char* what) {

@@ -63,11 +63,21 @@ enum class Quant {
 };
 Quant quant_of(const OpSpec& spec, bool split);
 
+// Which zero points a static int8 primitive takes at run time. A zero point
+// that is 0 for a run can be left out: oneDNN's AVX2 int8 convolutions run
+// faster without (3x3 64->64 @56², one thread, Zen 3: 1926 -> 1595 us without
+// both; 256->256 @14²: 2663 -> 1710).
+enum ZeroPoints { kSrcZp = 1, kDstZp = 2, kBothZp = 3 };
+
 // Attributes of a qpack primitive, set by name: a user-mode scratchpad
-// always; runtime scales and zero points by Quant; the fused clamp as a
-// post-op (not in split mode: the epilogue clamps).
+// always; runtime scales and zero points by Quant (those of `zps` only); the
+// fused clamp as a post-op (not in split mode: the epilogue clamps).
 dnnl::primitive_attr make_attr(Quant quant, int wei_scale_mask, float clamp_min,
-                               float clamp_max);
+                               float clamp_max, int zps = kBothZp);
+// True when s8 layout `a` has no extra terms and is `b` up to b's extra terms
+// at the end (compensations): a weight packed for a primitive with a source
+// zero point serves one without, through a memory of `a` over its bytes.
+bool same_blocking(const dnnl::memory::desc& a, const dnnl::memory::desc& b);
 
 // oneDNN's eltwise algorithm and (alpha, beta) for a qpack activation as the
 // graph computes it (lo / hi: clamp bounds, leaky_relu's slope); false for
@@ -108,7 +118,8 @@ dnnl::memory constant_f32(const float* values, int64_t count);
 // Adds q's runtime arguments for `quant` (as make_attr declared them): the
 // scalars through the calling thread's own memories, the weight scales
 // through wei_scales (constant_f32).
-void add_quant_args(ExecArgs& args, Quant quant, const RunQuant& q, const dnnl::memory& wei_scales);
+void add_quant_args(ExecArgs& args, Quant quant, const RunQuant& q, const dnnl::memory& wei_scales,
+                    int zps = kBothZp);
 
 // Executes a primitive on the calling thread's stream with qpack's thread
 // count and the calling thread's scratchpad (scratch_size bytes); a oneDNN
