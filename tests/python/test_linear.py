@@ -319,3 +319,27 @@ def test_concurrent_runs_share_one_object(backend):
     for t in threads:
         t.join()
     assert errors == []
+
+
+@pytest.mark.parametrize("m, wmax", [(1, 127), (5, 64), (32, 127)])
+def test_zero_points_of_zero_share_the_packed_weights(needs_torch, m, wmax):
+    """oneDNN runs a static int8 linear whose input and / or output zero point is 0 on a
+    primitive without them (its int8 gemm then skips a per-call compensation), reading the same
+    packed bytes: every combination within a quantum of PyTorch, no state built past the first
+    pack, no byte added."""
+    import torch
+    rng = np.random.default_rng(m + wmax)
+    k, n = 96, 40
+    w = rng.integers(-wmax, wmax + 1, size=(n, k), dtype=np.int8)
+    b = rng.standard_normal(n).astype(np.float32)
+    x = rng.integers(0, 256, size=(m, k), dtype=np.uint8)
+    for out_zp in (0, 90):
+        lin = qpack.PackedLinear(w, b, backend="onednn", weight_scale=[0.01], output_scale=0.3,
+                                 output_zero_point=out_zp, activation="relu" if out_zp == 0 else None)
+        nbytes = lin.nbytes_packed
+        for in_zp in (0, 7, 0):
+            y = lin(x, scale=0.05, zero_point=in_zp)
+            ref = static_linear(torch, "qnnpack", w, [0.01], b, x, 0.05, in_zp, 0.3, out_zp, relu=out_zp == 0)
+            assert np.abs(y.astype(np.int32) - ref.astype(np.int32)).max() <= 1, (out_zp, in_zp)
+        assert lin.stats["states_built"] == 1 and lin.nbytes_packed == nbytes, lin.stats
+        assert np.array_equal(lin.unpack()[0], w)

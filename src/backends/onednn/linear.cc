@@ -35,7 +35,10 @@ using tag = dnnl::memory::format_tag;
 
 struct Prim {
   int64_t M;
-  bool split;  // int8_split.h's mode
+  bool split;       // int8_split.h's mode
+  int wanted_zps;   // the zero points the runs it serves need (runtime.h's ZeroPoints)
+  int zps;          // those the primitive takes: wanted_zps, or both
+  dnnl::memory wei;  // the packed weight, or a view of its bytes
   dnnl::matmul primitive;
   size_t scratch_size;
 };
@@ -129,7 +132,7 @@ class OnednnLinear final : public LinearKernel {
     try {
       apply_num_threads();
       auto pd = make_pd(kPackBatch, memory::desc({spec_.K, spec_.N}, wei_dt(), tag::any), split_);
-      place(f32_gemm_layout(pd.weights_desc()));
+      place(gemm_layout(pd.weights_desc()));
       if (!spec_.bias.empty()) {
         bias_ = memory({{1, spec_.N}, dt::f32, tag::ab}, engine(),
                        const_cast<float*>(spec_.bias.data()));
@@ -157,27 +160,37 @@ class OnednnLinear final : public LinearKernel {
     return memory({{spec_.K, spec_.N}, wei_dt(), tag::ba}, engine(), data);
   }
 
-  // fp32 where the matmul is oneDNN's gemm (the layout it asks for is plain
-  // [K, N], "ab": AVX2 with oneDNN 3.2) packs the weight transposed, "ba" (the
-  // original [N, K] order), when the same implementation takes it: its jit
-  // sgemm runs transposed B faster (Zen 3, 1 thread, 256x4096x1024 52.8 ->
-  // 34.1 ms, 32x1024x4096 7.6 -> 5.6 ms; 1x512x512 the same). A blocked layout
+  // Where the matmul is oneDNN's gemm (the layout it asks for is plain
+  // [K, N], "ab": AVX2 with oneDNN 3.2) the weight is packed transposed, "ba"
+  // (the original [N, K] order), when the same implementation takes it in
+  // every mode the op runs: its jit gemm runs transposed B faster (Zen 3, 1
+  // thread: fp32 256x4096x1024 52.8 -> 34.1 ms, 32x1024x4096 7.6 -> 5.6 ms;
+  // int8 32x1024x4096 3302 -> 2145 us; 1x512x512 the same). A blocked layout
   // (brgemm: AVX-512) is kept.
-  memory::desc f32_gemm_layout(const memory::desc& wanted) const {
-    const memory::desc ab({spec_.K, spec_.N}, dt::f32, tag::ab);
-    if (spec_.int8() || !(wanted == ab)) return wanted;
+  memory::desc gemm_layout(const memory::desc& wanted) const {
+    const memory::desc ab({spec_.K, spec_.N}, wei_dt(), tag::ab);
+    if (!(wanted == ab)) return wanted;
     try {
-      const memory::desc ba({spec_.K, spec_.N}, dt::f32, tag::ba);
-      auto pd = make_pd(kPackBatch, ba, false);
-      if (!is_reference(pd) && std::string(pd.impl_info_str()).find("gemm") != std::string::npos) return ba;
+      const memory::desc ba({spec_.K, spec_.N}, wei_dt(), tag::ba);
+      for (bool split : {false, split_}) {
+        auto pd = make_pd(kPackBatch, ba, split);
+        if (is_reference(pd) || std::string(pd.impl_info_str()).find("gemm") == std::string::npos) {
+          return wanted;
+        }
+      }
+      return ba;
     } catch (const dnnl::error&) {
     }
     return wanted;
   }
 
-  dnnl::matmul::primitive_desc make_pd(int64_t M, const memory::desc& wei_md, bool split) const {
+  // zps: the zero points of a static run that are not 0 (runtime.h's
+  // ZeroPoints): without them oneDNN's int8 gemm skips its per-call
+  // compensation (Zen 3, 1x512x512: 64 -> 33 us).
+  dnnl::matmul::primitive_desc make_pd(int64_t M, const memory::desc& wei_md, bool split,
+                                       int zps = kBothZp) const {
     const auto attr = make_attr(quant_of(spec_, split), spec_.per_channel() ? (1 << 1) : 0,
-                                spec_.clamp_min, spec_.clamp_max);
+                                spec_.clamp_min, spec_.clamp_max, zps);
     memory::desc src_md({M, spec_.K}, src_dt(), tag::ab);
     memory::desc dst_md({M, spec_.N}, dst_dt(split), tag::ab);
     if (!with_bias(split)) return dnnl::matmul::primitive_desc(engine(), src_md, wei_md, dst_md, attr);
@@ -185,10 +198,26 @@ class OnednnLinear final : public LinearKernel {
     return dnnl::matmul::primitive_desc(engine(), src_md, wei_md, bia_md, dst_md, attr);
   }
 
-  Prim build(int64_t M, bool split) const {
+  // A primitive without the zero points that are 0 where it takes the packed
+  // weight as it is (or its bytes, without the compensation terms), else with both.
+  Prim build(int64_t M, bool split, int zps) const {
     try {
+      if (zps != kBothZp) {
+        try {
+          const memory::desc packed = packed_.get_desc();
+          const bool plain = packed.get_size() == static_cast<size_t>(spec_.K * spec_.N) * spec_.weight_elem_size();
+          auto pd = make_pd(M, plain ? packed : memory::desc({spec_.K, spec_.N}, wei_dt(), tag::any), split, zps);
+          const memory::desc md = pd.weights_desc();
+          if (!is_reference(pd) && (md == packed || same_blocking(md, packed))) {
+            return Prim{M, split, zps, zps, memory(md, engine(), packed_.get_data_handle()),
+                        dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
+          }
+        } catch (const dnnl::error&) {
+          // the primitive with both zero points below
+        }
+      }
       auto pd = make_pd(M, packed_.get_desc(), split);
-      return Prim{M, split, dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
+      return Prim{M, split, zps, kBothZp, packed_, dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
     } catch (const dnnl::error& e) {
       fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN has no matmul for batch ", M,
            " with the packed weight layout: ", e.what());
@@ -216,18 +245,21 @@ class OnednnLinear final : public LinearKernel {
   }
 
   void execute_matmul(int64_t M, void* src, void* dst, const RunQuant* rq, bool split) const {
-    const auto held = prims_.get([M, split](const Prim& p) { return p.M == M && p.split == split; },
-                                 [&] { return build(M, split); },
-                                 [](const Prim&, const Prim&) { return true; });
+    const int zps = rq == nullptr || split || !spec_.static_int8()
+                        ? kBothZp
+                        : (rq->src_zp != 0 ? kSrcZp : 0) | (rq->dst_zp != 0 ? kDstZp : 0);
+    const auto held = prims_.get(
+        [M, split, zps](const Prim& p) { return p.M == M && p.split == split && p.wanted_zps == zps; },
+        [&] { return build(M, split, zps); }, [](const Prim&, const Prim&) { return true; });
     const Prim& prim = held->prim;
     const memory src_m({{M, spec_.K}, src_dt(), tag::ab}, engine(), src);
     const memory dst_m({{M, spec_.N}, dst_dt(split), tag::ab}, engine(), dst);
     ExecArgs args;
     args.add(DNNL_ARG_SRC, src_m);
-    args.add(DNNL_ARG_WEIGHTS, packed_);
+    args.add(DNNL_ARG_WEIGHTS, prim.wei);
     args.add(DNNL_ARG_DST, dst_m);
     if (with_bias(split)) args.add(DNNL_ARG_BIAS, bias_);
-    if (rq != nullptr) add_quant_args(args, quant_of(spec_, split), *rq, wei_scales_);
+    if (rq != nullptr) add_quant_args(args, quant_of(spec_, split), *rq, wei_scales_, prim.zps);
     execute(prim.primitive, args, prim.scratch_size, "matmul");
   }
 
