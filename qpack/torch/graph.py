@@ -177,17 +177,18 @@ class _Lowering:
         return False
 
     def snapshot(self):
+        last = [(dict(n), self.values[n["output"]]) for n in self.nodes[-1:]]
         return (len(self.values), len(self.nodes), len(self.inputs), len(self.layers), dict(self.value_of),
-                [dict(n) for n in self.nodes[-1:]], dict(self.qp), list(self.values))
+                last, dict(self.qp))
 
     def rollback(self, snap):
-        nv, nn_, ni, nl, value_of, last, qp, values = snap
-        del self.nodes[nn_:], self.inputs[ni:], self.input_nodes[ni:], self.layers[nl:]
-        self.values[:] = values  # a fused activation's value stood for it: undone too
+        nv, nn_, ni, nl, value_of, last, qp = snap
+        del self.values[nv:], self.nodes[nn_:], self.inputs[ni:], self.input_nodes[ni:], self.layers[nl:]
         self.value_of = value_of
         self.qp = qp
-        if last:  # an activation fused into the last add is undone too
-            self.nodes[-1] = last[0]
+        if last:  # an activation or affine fused into the last node is undone too, with the
+            # fx node its value stood for
+            self.nodes[-1], self.values[last[0][0]["output"]] = last[0]
 
     def emit(self, fx_node, kind, inputs, **params):
         ins = [self.arg(i) for i in inputs]  # a segment's inputs get their values before the output

@@ -155,7 +155,7 @@ class OnednnConv final : public ConvKernel {
  public:
   OnednnConv(const ConvSpec& spec, const void* weight)
       : ConvKernel(spec),
-        narrow_(spec.int8() &&
+        narrow_(spec.int8() && !isa_has_avx512_vnni() &&
                 narrow_weights(static_cast<const int8_t*>(weight), spec.weight_count())),
         split_(splits(spec) && !narrow_),
         subsample_(splits(spec) && subsamples(spec)) {
@@ -171,8 +171,9 @@ class OnednnConv final : public ConvKernel {
   // the problem they were packed for, else decoded and re-packed.
   OnednnConv(const ConvSpec& spec, const SavedForm& form)
       : ConvKernel(spec),
-        narrow_(spec.int8() && narrow_weights(BlockedLayout::parse(form.layout, form.what),
-                                              form.packed.data, form.packed.size)),
+        narrow_(spec.int8() && !isa_has_avx512_vnni() &&
+                narrow_weights(BlockedLayout::parse(form.layout, form.what), form.packed.data,
+                               form.packed.size)),
         split_(splits(spec) && !narrow_),
         subsample_(splits(spec) && subsamples(spec)) {
     const BlockedLayout saved = BlockedLayout::parse(form.layout, form.what);
@@ -496,10 +497,7 @@ class OnednnConv final : public ConvKernel {
 
   void execute_conv(const ConvShape& s, void* src, void* dst, const RunQuant* rq, bool split) const {
     bool relaid = false;
-    // the zero points a static run needs (others leave them all in)
-    const int zps = rq == nullptr || split || !spec_.static_int8()
-                        ? kBothZp
-                        : (rq->src_zp != 0 ? kSrcZp : 0) | (rq->dst_zp != 0 ? kDstZp : 0);
+    const int zps = needed_zero_points(quant_of(spec_, split), rq);
     const auto held = prims_.get(
         [&s, split, zps](const Prim& p) {
           return p.split == split && p.N == s.N && p.H == s.H && p.W == s.W && p.x_layout == s.x_layout &&
@@ -579,7 +577,9 @@ class OnednnConv final : public ConvKernel {
     counters_.hit();
   }
 
-  const bool narrow_;  // int8 weights all within [-64, 64] (int8_split.h)
+  // int8 weights all within [-64, 64] (int8_split.h); only looked at where it
+  // matters, without AVX-512 VNNI (a pass over every weight, every mapped page)
+  const bool narrow_;
   const bool split_;  // int8 without VNNI and wide weights: wide inputs run split (int8_split.h)
   const bool subsample_;  // int8 without VNNI, a strided 1x1: gather the pixels read, run stride 1
   const OwnKernel own_ = own_kernel_for(spec_, narrow_);  // static int8 on qpack's kernel, where it fits

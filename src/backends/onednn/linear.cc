@@ -245,9 +245,7 @@ class OnednnLinear final : public LinearKernel {
   }
 
   void execute_matmul(int64_t M, void* src, void* dst, const RunQuant* rq, bool split) const {
-    const int zps = rq == nullptr || split || !spec_.static_int8()
-                        ? kBothZp
-                        : (rq->src_zp != 0 ? kSrcZp : 0) | (rq->dst_zp != 0 ? kDstZp : 0);
+    const int zps = needed_zero_points(quant_of(spec_, split), rq);
     const auto held = prims_.get(
         [M, split, zps](const Prim& p) { return p.M == M && p.split == split && p.wanted_zps == zps; },
         [&] { return build(M, split, zps); }, [](const Prim&, const Prim&) { return true; });

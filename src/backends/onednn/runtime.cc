@@ -230,6 +230,11 @@ const dnnl::memory& thread_scratchpad(size_t size) {
 }
 }  // namespace
 
+int needed_zero_points(Quant quant, const RunQuant* q) {
+  if (q == nullptr || quant != Quant::static_out) return kBothZp;
+  return (q->src_zp != 0 ? kSrcZp : 0) | (q->dst_zp != 0 ? kDstZp : 0);
+}
+
 bool same_blocking(const dnnl::memory::desc& a, const dnnl::memory::desc& b) {
   if (a.get_format_kind() != dnnl::memory::format_kind::blocked ||
       b.get_format_kind() != dnnl::memory::format_kind::blocked) {

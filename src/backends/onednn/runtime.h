@@ -120,6 +120,9 @@ dnnl::memory constant_f32(const float* values, int64_t count);
 // through wei_scales (constant_f32).
 void add_quant_args(ExecArgs& args, Quant quant, const RunQuant& q, const dnnl::memory& wei_scales,
                     int zps = kBothZp);
+// The zero points a run needs: for a static run (Quant::static_out) those of
+// q that are not 0; every other run keeps them all.
+int needed_zero_points(Quant quant, const RunQuant* q);
 
 // Executes a primitive on the calling thread's stream with qpack's thread
 // count and the calling thread's scratchpad (scratch_size bytes); a oneDNN
