@@ -71,6 +71,46 @@ def _linear_checks(torch):
     return f"linear static max diff {worst_static} quanta, dynamic max abs diff {worst_dynamic:.2e}"
 
 
+def _few_rows_checks(torch):
+    """Narrow weights and batches of up to 4 rows run on qpack's own kernel (gemv_u8.h):
+    within a quantum of PyTorch's, and rows of a batch of 5 (oneDNN's matmul) equal to the
+    same rows run alone, bit for bit; dynamic within float rounding of PyTorch's. K and N off
+    the kernel's blocks of 32 inputs and 4 outputs, and weights at +-64 on inputs of 255 (the
+    largest int16 pair sums)."""
+    from _oracle import dynamic_linear, static_linear
+
+    rng = np.random.default_rng(5)
+    worst, checked = 0, 0
+    for k, n in [(1, 1), (31, 3), (32, 4), (65, 13), (1000, 257), (512, 512)]:
+        w = rng.integers(-64, 65, size=(n, k), dtype=np.int8)
+        w[: n // 2] = np.where(w[: n // 2] < 0, -64, 64)
+        ws = (rng.random(n) * 0.02 + 0.002).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32)
+        x = rng.integers(0, 256, size=(5, k), dtype=np.uint8)
+        x[0] = 255
+        for relu in (False, True):
+            for in_zp in (0, 117, 255):
+                out_s, out_zp = 0.05 * np.sqrt(k), 93
+                lin = qpack.PackedLinear(w, b, backend="onednn", weight_scale=ws,
+                                         activation="relu" if relu else None,
+                                         output_scale=out_s, output_zero_point=out_zp)
+                batch = lin(x, scale=0.04, zero_point=in_zp)
+                ref = static_linear(torch, "qnnpack", w, ws, b, x, 0.04, in_zp, out_s, out_zp, relu=relu)
+                for m in (1, 2, 4):
+                    rows = np.concatenate([lin(x[i:i + m], scale=0.04, zero_point=in_zp)
+                                           for i in range(0, 5 - 5 % m, m)])
+                    assert np.array_equal(rows, batch[: len(rows)]), (k, n, m, relu, in_zp)
+                diff = np.abs(batch.astype(np.int32) - ref.astype(np.int32)).max()
+                assert diff <= 1, (k, n, relu, in_zp, diff)
+                assert lin.stats["split_runs"] == 0, lin.stats
+                worst, checked = max(worst, diff), checked + 1
+        xf = (rng.standard_normal((3, k)) * 3).astype(np.float32)
+        dyn = qpack.PackedLinear(w, b, backend="onednn", weight_scale=ws[:1], dynamic=True)
+        ref = dynamic_linear(torch, "qnnpack", w, ws[:1], b, xf)
+        np.testing.assert_allclose(dyn(xf), ref, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
+    return f"few rows on narrow weights: {checked} static cases max diff {worst} quanta, rows = batch"
+
+
 def _conv_checks(torch):
     from test_conv import cases, float_qconv, make_int8
 
@@ -216,6 +256,7 @@ def _child():
     assert isa in NON_VNNI, f"expected an ISA without VNNI, oneDNN reports {version}"
     assert qpack.backends()["onednn"]["int8_input_max"] == 127
     print(_linear_checks(torch))
+    print(_few_rows_checks(torch))
     print(_conv_checks(torch))
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:

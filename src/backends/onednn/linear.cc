@@ -13,12 +13,17 @@
 // the epilogue in C++. The packed layout is queried with those attributes.
 // Narrow inputs (every byte and the zero point below 128) run the fused
 // primitive there too, on the same packed weight: exact, at half the work;
-// narrow weights (all within [-64, 64]) always do.
+// narrow weights (all within [-64, 64]) always do, and batches of up to
+// kGemvMaxRows rows of them run on qpack's own kernel (gemv_u8.h) with the
+// split runs' epilogue.
+#include <atomic>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "backends/onednn/gemv_u8.h"
 #include "backends/onednn/int8_split.h"
 #include "backends/onednn/runtime.h"
 #include "core/error.h"
@@ -144,6 +149,14 @@ class OnednnLinear final : public LinearKernel {
       wei_scales_ = constant_f32(spec_.weight_scales.data(),
                                  static_cast<int64_t>(spec_.weight_scales.size()));
     }
+    // Narrow weights without VNNI, packed "ba": few rows run on gemv_u8.h.
+    const memory::desc ba({spec_.K, spec_.N}, dt::s8, tag::ba);
+    if (spec_.int8() && !split_ && !isa_has_vnni() && isa_has_avx2() && gemv_u8_available() &&
+        packed_.get_desc() == ba) {
+      weight_sums_.resize(static_cast<size_t>(spec_.N));
+      gemv_u8_weight_sums(static_cast<const int8_t*>(packed_.get_data_handle()), spec_.N, spec_.K,
+                          weight_sums_.data());
+    }
     counters_.built();
   }
   static constexpr size_t kMaxPrims = 16;
@@ -226,6 +239,18 @@ class OnednnLinear final : public LinearKernel {
 
   // Static (u8 out) or dynamic (f32 out) int8 on a u8 input.
   void run_int8(int64_t M, const uint8_t* x, const RunQuant& rq, void* y) const {
+    if (!weight_sums_.empty() && M <= kGemvMaxRows) {
+      // the epilogue's [2][M][N] halves (2 hi + lo): hi 0, lo the sums
+      const size_t n = static_cast<size_t>(M * spec_.N);
+      auto* acc = static_cast<int32_t*>(thread_buffer(ThreadBuffer::split, 2 * n * sizeof(int32_t)));
+      std::memset(acc, 0, n * sizeof(int32_t));
+      gemv_u8(GemvU8{x, M, spec_.K, spec_.N, static_cast<const int8_t*>(packed_.get_data_handle()),
+                     weight_sums_.data(), rq.src_zp, acc + n},
+              num_threads());
+      epilogue(acc, M, rq, y);
+      if (gemv_ran_.exchange(true, std::memory_order_relaxed)) counters_.hit();  // as a primitive's first run
+      return;
+    }
     if (!split_ || narrow(x, M * spec_.K, rq.src_zp)) {
       execute_matmul(M, const_cast<uint8_t*>(x), y, &rq, false);
       return;
@@ -234,13 +259,18 @@ class OnednnLinear final : public LinearKernel {
     const auto split = split_input(x, M * spec_.K, rq.src_zp, M * spec_.N);
     const RunQuant split_rq{1.0f, split.zero_point, 1.0f, 0};
     execute_matmul(2 * M, split.halves, split.acc, &split_rq, true);
+    epilogue(split.acc, M, rq, y);
+  }
+
+  // int32 sums [M, N] (zero point applied) to the op's output: u8 or f32.
+  void epilogue(const int32_t* acc, int64_t M, const RunQuant& rq, void* y) const {
     const Epilogue e{rq.src_scale, spec_.weight_scales.data(), spec_.per_channel(),
                      spec_.bias.empty() ? nullptr : spec_.bias.data(),
                      spec_.clamp_min, spec_.clamp_max, rq.dst_scale, rq.dst_zp};
     if (spec_.static_int8()) {
-      epilogue_u8(split.acc, M, spec_.N, 1, e, static_cast<uint8_t*>(y));
+      epilogue_u8(acc, M, spec_.N, 1, e, static_cast<uint8_t*>(y));
     } else {
-      epilogue_f32(split.acc, M, spec_.N, 1, e, static_cast<float*>(y));
+      epilogue_f32(acc, M, spec_.N, 1, e, static_cast<float*>(y));
     }
   }
 
@@ -266,6 +296,8 @@ class OnednnLinear final : public LinearKernel {
   std::shared_ptr<const void> keep_;  // the model file packed_ points into, if any
   memory bias_;
   memory wei_scales_;  // over spec_.weight_scales (int8)
+  std::vector<int32_t> weight_sums_;  // per output, where few rows run on gemv_u8.h
+  mutable std::atomic<bool> gemv_ran_{false};
   PrimCache<Prim> prims_{counters_, kMaxPrims};
 };
 
