@@ -72,11 +72,11 @@ def _linear_checks(torch):
 
 
 def _few_rows_checks(torch):
-    """Narrow weights and batches of up to 4 rows run on qpack's own kernel (gemv_u8.h):
-    within a quantum of PyTorch's, and rows of a batch of 5 (oneDNN's matmul) equal to the
-    same rows run alone, bit for bit; dynamic within float rounding of PyTorch's. K and N off
-    the kernel's blocks of 32 inputs and 4 outputs, and weights at +-64 on inputs of 255 (the
-    largest int16 pair sums)."""
+    """Narrow weights and batches of up to 16 rows run on qpack's own kernel (gemv_u8.h):
+    within a quantum of PyTorch's and of a batch of 17 (oneDNN's matmul) run on the same
+    rows; dynamic within float rounding of PyTorch's. K and N off the kernel's blocks of 32
+    inputs and 4 outputs, odd row counts, and weights at +-64 on inputs of 255 (the largest
+    int16 pair sums)."""
     from _oracle import dynamic_linear, static_linear
 
     rng = np.random.default_rng(5)
@@ -86,7 +86,7 @@ def _few_rows_checks(torch):
         w[: n // 2] = np.where(w[: n // 2] < 0, -64, 64)
         ws = (rng.random(n) * 0.02 + 0.002).astype(np.float32)
         b = rng.standard_normal(n).astype(np.float32)
-        x = rng.integers(0, 256, size=(5, k), dtype=np.uint8)
+        x = rng.integers(0, 256, size=(17, k), dtype=np.uint8)
         x[0] = 255
         for relu in (False, True):
             for in_zp in (0, 117, 255):
@@ -96,19 +96,22 @@ def _few_rows_checks(torch):
                                          output_scale=out_s, output_zero_point=out_zp)
                 batch = lin(x, scale=0.04, zero_point=in_zp)
                 ref = static_linear(torch, "qnnpack", w, ws, b, x, 0.04, in_zp, out_s, out_zp, relu=relu)
-                for m in (1, 2, 4):
+                for m in (1, 2, 5, 16):
                     rows = np.concatenate([lin(x[i:i + m], scale=0.04, zero_point=in_zp)
-                                           for i in range(0, 5 - 5 % m, m)])
-                    assert np.array_equal(rows, batch[: len(rows)]), (k, n, m, relu, in_zp)
+                                           for i in range(0, 17 - 17 % m, m)]).astype(np.int32)
+                    for other in (batch[: len(rows)], ref[: len(rows)]):
+                        diff = np.abs(rows - other.astype(np.int32)).max()
+                        assert diff <= 1, (k, n, m, relu, in_zp, diff)
+                        worst = max(worst, diff)
                 diff = np.abs(batch.astype(np.int32) - ref.astype(np.int32)).max()
                 assert diff <= 1, (k, n, relu, in_zp, diff)
                 assert lin.stats["split_runs"] == 0, lin.stats
                 worst, checked = max(worst, diff), checked + 1
-        xf = (rng.standard_normal((3, k)) * 3).astype(np.float32)
+        xf = (rng.standard_normal((9, k)) * 3).astype(np.float32)
         dyn = qpack.PackedLinear(w, b, backend="onednn", weight_scale=ws[:1], dynamic=True)
         ref = dynamic_linear(torch, "qnnpack", w, ws[:1], b, xf)
         np.testing.assert_allclose(dyn(xf), ref, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
-    return f"few rows on narrow weights: {checked} static cases max diff {worst} quanta, rows = batch"
+    return f"few rows on narrow weights: {checked} static cases max diff {worst} quanta"
 
 
 def _conv_checks(torch):

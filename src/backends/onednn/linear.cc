@@ -14,8 +14,8 @@
 // Narrow inputs (every byte and the zero point below 128) run the fused
 // primitive there too, on the same packed weight: exact, at half the work;
 // narrow weights (all within [-64, 64]) always do, and batches of up to
-// kGemvMaxRows rows of them run on qpack's own kernel (gemv_u8.h) with the
-// split runs' epilogue.
+// kGemvMaxRows (16) rows of them run on qpack's own kernel (gemv_u8.h) with
+// the split runs' epilogue.
 #include <atomic>
 #include <cstring>
 #include <memory>
