@@ -162,11 +162,6 @@ struct Ymm : avx2::Ymm256 {
 #undef QPACK_DW_TARGET
 }  // namespace avx512
 
-bool avx2_available() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
-}
-
 }  // namespace
 
 void depthwise_u8(const DepthwiseU8& a, int threads, DepthwiseIsa isa) {
@@ -183,7 +178,7 @@ bool depthwise_u8_fits(int64_t KH, int64_t KW, int64_t C, DepthwiseIsa isa) {
   // Channels in multiples of 8 (other tails go through a stack buffer). Past
   // 3x3 a last block of 8 channels (40, 72) costs a whole 32-channel one per
   // tap: oneDNN is faster there (5x5 x72 stride 2 @56²: 172 against 125 us).
-  return C >= 16 && C % 8 == 0 && (KH * KW <= 9 || C % 32 != 8) && avx2_available();
+  return C >= 16 && C % 8 == 0 && (KH * KW <= 9 || C % 32 != 8) && own_avx2_available();
 }
 
 #else  // not x86-64: oneDNN's own kernel runs

@@ -34,9 +34,8 @@ struct GemvU8 {
   int32_t* acc;               // [M][N]
 };
 
-// True where this CPU runs the kernel (AVX2; x86-64 builds only).
-bool gemv_u8_available();
-// acc = x w^T - zp * sums, output rows split over `threads` threads.
+// acc = x w^T - zp * sums, output rows split over `threads` threads; only
+// where own_avx2_available() (own_u8.h).
 void gemv_u8(const GemvU8& a, int threads);
 // sums[n] = the sum of w[n][0 .. K).
 void gemv_u8_weight_sums(const int8_t* w, int64_t N, int64_t K, int32_t* sums);

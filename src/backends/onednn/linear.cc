@@ -25,6 +25,7 @@
 
 #include "backends/onednn/gemv_u8.h"
 #include "backends/onednn/int8_split.h"
+#include "backends/onednn/own_u8.h"
 #include "backends/onednn/runtime.h"
 #include "core/error.h"
 #include "core/linear.h"
@@ -151,7 +152,7 @@ class OnednnLinear final : public LinearKernel {
     }
     // Narrow weights without VNNI, packed "ba": few rows run on gemv_u8.h.
     const memory::desc ba({spec_.K, spec_.N}, dt::s8, tag::ba);
-    if (spec_.int8() && !split_ && !isa_has_vnni() && isa_has_avx2() && gemv_u8_available() &&
+    if (spec_.int8() && !split_ && !isa_has_vnni() && isa_has_avx2() && own_avx2_available() &&
         packed_.get_desc() == ba) {
       weight_sums_.resize(static_cast<size_t>(spec_.N));
       gemv_u8_weight_sums(static_cast<const int8_t*>(packed_.get_data_handle()), spec_.N, spec_.K,

@@ -23,6 +23,15 @@ bool own_u8_available() {
 #endif
 }
 
+bool own_avx2_available() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+#else
+  return false;
+#endif
+}
+
 void* own_u8_scratch(int slot, size_t size) {
   struct Buffer {
     void* data = nullptr;

@@ -35,6 +35,9 @@ struct RequantU8 {
 // True when this CPU allows AVX-512 with VNNI (the callers also respect
 // ONEDNN_MAX_CPU_ISA, through isa_has_avx512_vnni()).
 bool own_u8_available();
+// True when this CPU has AVX2 and FMA (the AVX2 kernels: depthwise_u8.h,
+// gemv_u8.h); false on other architectures.
+bool own_avx2_available();
 // The calling thread's buffer number `slot` (0 or 1) of at least `size`
 // bytes, 64-byte aligned, reused by its next call with that slot.
 void* own_u8_scratch(int slot, size_t size);
