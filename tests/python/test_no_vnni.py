@@ -224,14 +224,7 @@ def _narrow_weight_checks(torch, tmp):
                                                (16, 7, 1, 3, 2, 12, True), (960, 3, 1, 1, 1, 7, True),
                                                (20, 3, 1, 1, 1, 9, True), (200, 3, 1, 1, 1, 6, True)]:
         for wmax in (64, 127):
-            w = torch.randint(-wmax, wmax + 1, (c, 1, k, k), dtype=torch.int8, generator=gen)
-            w[:c // 2] = torch.where(w[:c // 2] < 0, -wmax, wmax).to(torch.int8)
-            x = torch.randint(0, 256, (2, c, size, size), dtype=torch.uint8, generator=gen)
-            x[torch.rand(x.shape, generator=gen) < 0.5] = 255
-            if nhwc:
-                x = x.contiguous(memory_format=torch.channels_last)
-            b = torch.randn(c, generator=gen)
-            ws = (torch.rand(c, generator=gen) * 0.01 + 0.001).tolist()
+            w, x, b, ws = _extreme_case(torch, gen, (c, 1, k, k), c, size, nhwc, wmax)
             so = k * k * 255 * 64 * 0.04 * 0.005 / 60
             conv = qpack.PackedConv2d(w, b, stride, pad, dil, c, backend="onednn", weight_scale=ws,
                                       output_scale=so, output_zero_point=100, activation="relu")
@@ -239,8 +232,43 @@ def _narrow_weight_checks(torch, tmp):
             diff = (conv(x, scale=0.04, zero_point=7).to(torch.int32) - ref).abs().max().item()
             assert diff <= 1, (c, k, stride, pad, dil, size, nhwc, wmax, diff)
             worst, checked = max(worst, diff), checked + 1
+    # 1x1 with own kernels allowed and not (QPACK_ONEDNN_OWN_POINTWISE): narrow weights run
+    # fused, wide ones split; exact at every output count (tails of 8-24 past 32), inputs not
+    # a multiple of 4, strides (gathered pixels), NCHW input, on 2 threads
+    pw_worst = 0
+    for ci, co, size, stride, nhwc in [(16, 96, 15, 1, True), (24, 144, 9, 1, True), (5, 40, 7, 1, True),
+                                       (13, 72, 11, 2, True), (64, 200, 6, 1, False), (32, 16, 9, 1, True),
+                                       (3, 32, 5, 1, True), (96, 24, 7, 1, True), (33, 1000, 3, 1, True)]:
+        for wmax in (64, 127):
+            w, x, b, ws = _extreme_case(torch, gen, (co, ci, 1, 1), ci, size, nhwc, wmax)
+            so = ci * 255 * 64 * 0.04 * 0.005 / 60
+            ref = float_qconv(x, 0.04, 9, w, ws, b, 0, 1, so, 90, stride, 1, "relu6")
+            for own in ("1", "0"):
+                os.environ["QPACK_ONEDNN_OWN_POINTWISE"] = own
+                try:
+                    conv = qpack.PackedConv2d(w, b, stride, 0, 1, 1, backend="onednn", weight_scale=ws,
+                                              output_scale=so, output_zero_point=90, activation="relu6")
+                finally:
+                    del os.environ["QPACK_ONEDNN_OWN_POINTWISE"]
+                for _ in range(2):  # 2 threads: pixels split between them
+                    diff = (conv(x, scale=0.04, zero_point=9).to(torch.int32) - ref).abs().max().item()
+                    assert diff <= 1, (ci, co, size, stride, nhwc, wmax, own, diff)
+                pw_worst, checked = max(pw_worst, diff), checked + 1
     return (f"narrow weights: {checked} packed objects fused at [-64, 64], split at 65; depthwise "
-            f"max diff {worst} quanta")
+            f"max diff {worst} quanta, 1x1 max diff {pw_worst}")
+
+
+def _extreme_case(torch, gen, wshape, ci, size, nhwc, wmax):
+    """Weights in [-wmax, wmax], the first half of the outputs' all at +-wmax, on a batch of 2
+    whose inputs are 255 at half the places (the largest pair sums); bias and scales."""
+    co = wshape[0]
+    w = torch.randint(-wmax, wmax + 1, wshape, dtype=torch.int8, generator=gen)
+    w[:co // 2] = torch.where(w[:co // 2] < 0, -wmax, wmax).to(torch.int8)
+    x = torch.randint(0, 256, (2, ci, size, size), dtype=torch.uint8, generator=gen)
+    x[torch.rand(x.shape, generator=gen) < 0.5] = 255
+    if nhwc:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return w, x, torch.randn(co, generator=gen), (torch.rand(co, generator=gen) * 0.01 + 0.001).tolist()
 
 
 def _reloaded(packed, path):
