@@ -63,6 +63,32 @@ def test_fp32_many_batch_sizes_one_object(needs_torch):
         torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-4)
 
 
+def test_fp32_few_rows_tails_threads_and_nan(needs_torch):
+    """Few rows (at most 64, on AVX2 qpack's own kernel over the packed weight) at every row
+    count of its tiles of 3 and past them, K off multiples of 8 and N off multiples of 4, on
+    1 and 2 threads; a NaN or inf in a row reaches that row's outputs as in PyTorch."""
+    torch = needs_torch
+    gen = torch.Generator().manual_seed(5)
+    for k, n in ((1029, 37), (64, 4096), (3, 5)):
+        w, b = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+        for threads in (1, 2):
+            before = qpack.get_num_threads()
+            qpack.set_num_threads(threads)
+            try:
+                lin = qpack.PackedLinear(w, b)
+            finally:
+                qpack.set_num_threads(before)
+            for m in (1, 2, 3, 4, 5, 16, 64, 65):
+                x = torch.randn(m, k, generator=gen)
+                ref = torch.nn.functional.linear(x, w, b)
+                torch.testing.assert_close(lin(x), ref, rtol=1e-5, atol=1e-5 * max(1.0, float(ref.abs().max())))
+            x = torch.randn(4, k, generator=gen)
+            x[1, k // 2], x[2, 0] = float("nan"), float("inf")
+            ref, y = torch.nn.functional.linear(x, w, b), lin(x)
+            assert torch.equal(y.isnan(), ref.isnan()) and torch.equal(y.isinf(), ref.isinf()), (k, n)
+            torch.testing.assert_close(y[::3], ref[::3], rtol=1e-5, atol=1e-4)
+
+
 # ---- static int8 ----------------------------------------------------------
 
 @pytest.mark.parametrize("lead,k,n", SHAPES)

@@ -115,13 +115,20 @@ def test_counters_mean_the_same_on_every_backend(backend):
 
 def test_onednn_counts_f32_hits_and_primitive_evictions():
     lin = qpack.PackedLinear(np.ones((4, 3), np.float32))
-    for m in range(1, 21):  # 20 batch sizes through a cache of 16 primitives
+    # past 64 rows (fewer may run on qpack's own kernel, no primitive): 20 batch sizes
+    # through a cache of 16 primitives
+    for m in range(65, 85):
         lin(np.ones((m, 3), np.float32))
-    lin(np.ones((20, 3), np.float32))
+    lin(np.ones((84, 3), np.float32))
     st = lin.stats
     assert st["runs"] == 21 and st["cache_hits"] == 1
     assert st["evictions"] == 4
     assert st["states_built"] == 1
+    # few rows: every run after the first counts as a hit, on either kernel; nothing evicted
+    few = qpack.PackedLinear(np.ones((4, 3), np.float32))
+    for m in (1, 1, 1, 1):
+        few(np.ones((m, 3), np.float32))
+    assert few.stats["runs"] == 4 and few.stats["cache_hits"] == 3 and few.stats["evictions"] == 0
 
 
 def test_closed_is_reported_not_raised(backend):

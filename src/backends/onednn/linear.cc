@@ -15,14 +15,17 @@
 // primitive there too, on the same packed weight: exact, at half the work;
 // narrow weights (all within [-64, 64]) always do, and batches of up to
 // kGemvMaxRows (16) rows of them run on qpack's own kernel (gemv_u8.h) with
-// the split runs' epilogue.
+// the split runs' epilogue. fp32 weights packed "ba" for oneDNN's gemm (AVX2)
+// run batches of up to kGemmF32MaxRows (64) rows on gemm_f32.h.
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "backends/onednn/gemm_f32.h"
 #include "backends/onednn/gemv_u8.h"
 #include "backends/onednn/int8_split.h"
 #include "backends/onednn/own_u8.h"
@@ -113,6 +116,14 @@ class OnednnLinear final : public LinearKernel {
  protected:
   void do_run_f32(int64_t M, const float* x, float* y) const override {
     if (spec_.mode == QPACK_MODE_F32) {
+      if (own_f32_ && gemm_f32_fits(M, spec_.K)) {
+        gemm_f32(GemmF32{x, M, spec_.K, spec_.N, static_cast<const float*>(packed_.get_data_handle()),
+                         spec_.bias.empty() ? nullptr : spec_.bias.data(), spec_.clamp_min,
+                         spec_.clamp_max, y},
+                 num_threads());
+        if (own_ran_.exchange(true, std::memory_order_relaxed)) counters_.hit();  // as a primitive's first run
+        return;
+      }
       execute_matmul(M, const_cast<float*>(x), y, nullptr, false);
       return;
     }
@@ -150,6 +161,11 @@ class OnednnLinear final : public LinearKernel {
       wei_scales_ = constant_f32(spec_.weight_scales.data(),
                                  static_cast<int64_t>(spec_.weight_scales.size()));
     }
+    // fp32 packed "ba" (oneDNN's gemm: AVX2): few rows run on gemm_f32.h.
+    // (QPACK_ONEDNN_OWN_GEMM=0 when the linear is made keeps them on oneDNN's)
+    const char* own = std::getenv("QPACK_ONEDNN_OWN_GEMM");
+    own_f32_ = spec_.mode == QPACK_MODE_F32 && isa_has_avx2() && (own == nullptr || std::string(own) != "0") &&
+               packed_.get_desc() == memory::desc({spec_.K, spec_.N}, dt::f32, tag::ba);
     // Narrow weights without VNNI, packed "ba": few rows run on gemv_u8.h.
     const memory::desc ba({spec_.K, spec_.N}, dt::s8, tag::ba);
     if (spec_.int8() && !split_ && !isa_has_vnni() && isa_has_avx2() && own_avx2_available() &&
@@ -249,7 +265,7 @@ class OnednnLinear final : public LinearKernel {
                      weight_sums_.data(), rq.src_zp, acc + n},
               num_threads());
       epilogue(acc, M, rq, y);
-      if (gemv_ran_.exchange(true, std::memory_order_relaxed)) counters_.hit();  // as a primitive's first run
+      if (own_ran_.exchange(true, std::memory_order_relaxed)) counters_.hit();  // as a primitive's first run
       return;
     }
     if (!split_ || narrow(x, M * spec_.K, rq.src_zp)) {
@@ -298,7 +314,8 @@ class OnednnLinear final : public LinearKernel {
   memory bias_;
   memory wei_scales_;  // over spec_.weight_scales (int8)
   std::vector<int32_t> weight_sums_;  // per output, where few rows run on gemv_u8.h
-  mutable std::atomic<bool> gemv_ran_{false};
+  bool own_f32_ = false;  // fp32 packed "ba" with AVX2: few rows run on gemm_f32.h
+  mutable std::atomic<bool> own_ran_{false};  // gemv_u8 / gemm_f32 ran once
   PrimCache<Prim> prims_{counters_, kMaxPrims};
 };
 
