@@ -89,6 +89,20 @@ def test_fp32_few_rows_tails_threads_and_nan(needs_torch):
             torch.testing.assert_close(y[::3], ref[::3], rtol=1e-5, atol=1e-4)
 
 
+def test_fp32_few_rows_on_onednn_kernel_too(needs_torch, monkeypatch):
+    """QPACK_ONEDNN_OWN_GEMM=0 when a linear is made keeps few rows on oneDNN's gemm: the same
+    results to fp32 rounding."""
+    torch = needs_torch
+    gen = torch.Generator().manual_seed(6)
+    w, b, x = torch.randn(37, 1029, generator=gen), torch.randn(37, generator=gen), torch.randn(5, 1029, generator=gen)
+    own = qpack.PackedLinear(w, b)
+    monkeypatch.setenv("QPACK_ONEDNN_OWN_GEMM", "0")
+    onednn = qpack.PackedLinear(w, b)
+    ref = torch.nn.functional.linear(x, w, b)
+    for lin in (own, onednn):
+        torch.testing.assert_close(lin(x), ref, rtol=1e-5, atol=1e-4)
+
+
 # ---- static int8 ----------------------------------------------------------
 
 @pytest.mark.parametrize("lead,k,n", SHAPES)

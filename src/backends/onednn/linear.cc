@@ -161,14 +161,15 @@ class OnednnLinear final : public LinearKernel {
       wei_scales_ = constant_f32(spec_.weight_scales.data(),
                                  static_cast<int64_t>(spec_.weight_scales.size()));
     }
-    // fp32 packed "ba" (oneDNN's gemm: AVX2): few rows run on gemm_f32.h.
-    // (QPACK_ONEDNN_OWN_GEMM=0 when the linear is made keeps them on oneDNN's)
-    const char* own = std::getenv("QPACK_ONEDNN_OWN_GEMM");
-    own_f32_ = spec_.mode == QPACK_MODE_F32 && isa_has_avx2() && (own == nullptr || std::string(own) != "0") &&
+    // Few rows on qpack's own kernels (QPACK_ONEDNN_OWN_GEMM=0 when the linear
+    // is made keeps them on oneDNN's): fp32 packed "ba" (oneDNN's gemm: AVX2)
+    // on gemm_f32.h, int8 narrow weights without VNNI packed "ba" on gemv_u8.h.
+    const char* own_env = std::getenv("QPACK_ONEDNN_OWN_GEMM");
+    const bool own = isa_has_avx2() && (own_env == nullptr || std::string(own_env) != "0");
+    own_f32_ = own && spec_.mode == QPACK_MODE_F32 &&
                packed_.get_desc() == memory::desc({spec_.K, spec_.N}, dt::f32, tag::ba);
-    // Narrow weights without VNNI, packed "ba": few rows run on gemv_u8.h.
     const memory::desc ba({spec_.K, spec_.N}, dt::s8, tag::ba);
-    if (spec_.int8() && !split_ && !isa_has_vnni() && isa_has_avx2() && own_avx2_available() &&
+    if (own && spec_.int8() && !split_ && !isa_has_vnni() && own_avx2_available() &&
         packed_.get_desc() == ba) {
       weight_sums_.resize(static_cast<size_t>(spec_.N));
       gemv_u8_weight_sums(static_cast<const int8_t*>(packed_.get_data_handle()), spec_.N, spec_.K,
