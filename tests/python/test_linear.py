@@ -101,6 +101,16 @@ def test_fp32_few_rows_on_onednn_kernel_too(needs_torch, monkeypatch):
     ref = torch.nn.functional.linear(x, w, b)
     for lin in (own, onednn):
         torch.testing.assert_close(lin(x), ref, rtol=1e-5, atol=1e-4)
+    # which kernel ran: oneDNN builds a primitive per batch size (new sizes are misses), the
+    # own kernel none (every run after the first is a hit); it runs where oneDNN's fp32
+    # matmul is its gemm, i.e. at most AVX2
+    for m in (1, 2, 3):
+        for lin in (own, onednn):
+            lin(x[:m])
+    assert onednn.stats["cache_hits"] == 0, onednn.stats
+    isa = qpack.backends()["onednn"]["version"].split("isa=")[1].split()[0].rstrip(";,")
+    if isa == "avx2":
+        assert own.stats["cache_hits"] == 3, own.stats
 
 
 # ---- static int8 ----------------------------------------------------------
