@@ -33,7 +33,6 @@
 // oneDNN packed them in (checked once per packed weight, never assumed);
 // elsewhere on oneDNN's.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -42,6 +41,7 @@
 
 #include "backends/onednn/depthwise_u8.h"
 #include "backends/onednn/int8_split.h"
+#include "backends/onednn/own_u8.h"
 #include "backends/onednn/pointwise_u8.h"
 #include "backends/onednn/runtime.h"
 #include "core/conv.h"
@@ -57,14 +57,6 @@ using tag = dnnl::memory::format_tag;
 
 // qpack's own static int8 kernels on this backend.
 enum class OwnKernel { none, depthwise, depthwise_avx2, pointwise };
-
-// QPACK_ONEDNN_OWN_DEPTHWISE=0 / QPACK_ONEDNN_OWN_POINTWISE=0 when a
-// convolution is made keep it on oneDNN's kernel (bench/bench_own_kernels.py
-// compares them).
-bool own_enabled(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr || std::string(v) != "0";
-}
 
 // The own kernel that may run a convolution, by its parameters, its weights
 // (narrow: all within [-64, 64]) and this CPU.

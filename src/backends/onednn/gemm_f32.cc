@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "backends/onednn/own_u8.h"
 #include "core/parallel.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -16,13 +15,7 @@ namespace onednn_rt {
 // The input rows of a tile are re-read from L2 for every C outputs: all rows
 // together within 256 KB.
 bool gemm_f32_fits(int64_t M, int64_t K) {
-#ifdef QPACK_GEMM_F32_X86
-  return M >= 1 && M <= kGemmF32MaxRows && M * K * 4 <= (int64_t(256) << 10) && own_avx2_available();
-#else
-  (void)M;
-  (void)K;
-  return false;
-#endif
+  return M >= 1 && M <= kGemmF32MaxRows && M * K * 4 <= (int64_t(256) << 10);
 }
 
 #ifdef QPACK_GEMM_F32_X86
@@ -48,7 +41,7 @@ QPACK_GEMM_F32_TARGET __attribute__((always_inline)) inline void step(
   for (int r = 0; r < R; ++r) {
     xv[r] = kMasked ? _mm256_maskload_ps(x + r * K + k, tail) : _mm256_loadu_ps(x + r * K + k);
   }
-#pragma GCC unroll 12
+#pragma GCC unroll 4
   for (int c = 0; c < C; ++c) {
     const __m256 wv = kMasked ? _mm256_maskload_ps(w + c * K + k, tail) : _mm256_loadu_ps(w + c * K + k);
 #pragma GCC unroll 4
@@ -56,43 +49,39 @@ QPACK_GEMM_F32_TARGET __attribute__((always_inline)) inline void step(
   }
 }
 
-// Rows [m0, m0 + R) x outputs [n0, n0 + C), then bias and clamp.
+// Rows [m0, m0 + R) x outputs [n0, n0 + C), C <= 4, then bias and clamp.
 template <int R, int C>
 QPACK_GEMM_F32_TARGET void tile(const GemmF32& a, int64_t m0, int64_t n0, __m256i tail) {
+  static_assert(C >= 1 && C <= 4, "one group of 4 lane sums");
   const int64_t K = a.K, K8 = K / 8 * 8;
   const float* x = a.x + m0 * K;
   const float* w = a.w + n0 * K;
   __m256 s[R][C];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 12
+#pragma GCC unroll 4
     for (int c = 0; c < C; ++c) s[r][c] = _mm256_setzero_ps();
   }
   for (int64_t k = 0; k < K8; k += 8) step<R, C, false>(x, w, K, k, tail, s);
   if (K8 < K) step<R, C, true>(x, w, K, K8, tail, s);
   const __m128 lo = _mm_set1_ps(a.lo), hi = _mm_set1_ps(a.hi);
   const __m256 zero = _mm256_setzero_ps();
-#pragma GCC unroll 3
-  for (int c0 = 0; c0 < C; c0 += 4) {
-    const int n = C - c0 < 4 ? C - c0 : 4;
-    float b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (a.bias != nullptr) std::copy(a.bias + n0 + c0, a.bias + n0 + c0 + n, b);
-    const __m128 bias = _mm_loadu_ps(b);
+  float b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (a.bias != nullptr) std::copy(a.bias + n0, a.bias + n0 + C, b);
+  const __m128 bias = _mm_loadu_ps(b);
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m128 sums = sum4(s[r][c0], c0 + 1 < C ? s[r][c0 + 1] : zero, c0 + 2 < C ? s[r][c0 + 2] : zero,
-                               c0 + 3 < C ? s[r][c0 + 3] : zero);
-      // max / min return their second operand when one is NaN: NaN passes, and an
-      // unset bound (-inf / inf) changes nothing
-      const __m128 v = _mm_min_ps(hi, _mm_max_ps(lo, _mm_add_ps(sums, bias)));
-      float* y = a.y + (m0 + r) * a.N + n0 + c0;
-      if (n == 4) {
-        _mm_storeu_ps(y, v);
-      } else {
-        float out[4];
-        _mm_storeu_ps(out, v);
-        std::copy(out, out + n, y);
-      }
+  for (int r = 0; r < R; ++r) {
+    const __m128 sums = sum4(s[r][0], C > 1 ? s[r][1] : zero, C > 2 ? s[r][2] : zero, C > 3 ? s[r][3] : zero);
+    // max / min return their second operand when one is NaN: NaN passes, and an
+    // unset bound (-inf / inf) changes nothing
+    const __m128 v = _mm_min_ps(hi, _mm_max_ps(lo, _mm_add_ps(sums, bias)));
+    float* y = a.y + (m0 + r) * a.N + n0;
+    if (C == 4) {
+      _mm_storeu_ps(y, v);
+    } else {
+      float out[4];
+      _mm_storeu_ps(out, v);
+      std::copy(out, out + C, y);
     }
   }
 }
@@ -134,7 +123,7 @@ void run_parallel(const GemmF32& a, int threads) {
 // 32x1024x4096): 1.2x and 1.2x faster; 1 x 8 for a single row: the same.
 void gemm_f32(const GemmF32& a, int threads) { run_parallel<3, 4>(a, threads); }
 
-#else  // not x86-64: gemm_f32_fits is false, oneDNN runs
+#else  // not x86-64: own_avx2_available() is false, oneDNN runs
 
 void gemm_f32(const GemmF32&, int) {}
 

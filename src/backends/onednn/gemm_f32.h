@@ -30,10 +30,10 @@ struct GemmF32 {
   float* y;           // [M][N]
 };
 
-// True when the kernel runs this problem (a few rows whose inputs stay in
-// L2) on this CPU (own_avx2_available(), own_u8.h).
+// True when the kernel runs this problem: a few rows whose inputs stay in L2.
 bool gemm_f32_fits(int64_t M, int64_t K);
-// y = clamp(x w^T + bias), outputs split over `threads` threads.
+// y = clamp(x w^T + bias), outputs split over `threads` threads; only where
+// own_avx2_available() (own_u8.h).
 void gemm_f32(const GemmF32& a, int threads);
 
 }  // namespace onednn_rt

@@ -18,7 +18,6 @@
 // the split runs' epilogue. fp32 weights packed "ba" for oneDNN's gemm (AVX2)
 // run batches of up to kGemmF32MaxRows (64) rows on gemm_f32.h.
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -121,7 +120,7 @@ class OnednnLinear final : public LinearKernel {
                          spec_.bias.empty() ? nullptr : spec_.bias.data(), spec_.clamp_min,
                          spec_.clamp_max, y},
                  num_threads());
-        if (own_ran_.exchange(true, std::memory_order_relaxed)) counters_.hit();  // as a primitive's first run
+        count_own_run();
         return;
       }
       execute_matmul(M, const_cast<float*>(x), y, nullptr, false);
@@ -164,13 +163,11 @@ class OnednnLinear final : public LinearKernel {
     // Few rows on qpack's own kernels (QPACK_ONEDNN_OWN_GEMM=0 when the linear
     // is made keeps them on oneDNN's): fp32 packed "ba" (oneDNN's gemm: AVX2)
     // on gemm_f32.h, int8 narrow weights without VNNI packed "ba" on gemv_u8.h.
-    const char* own_env = std::getenv("QPACK_ONEDNN_OWN_GEMM");
-    const bool own = isa_has_avx2() && (own_env == nullptr || std::string(own_env) != "0");
+    const bool own = isa_has_avx2() && own_avx2_available() && own_enabled("QPACK_ONEDNN_OWN_GEMM");
     own_f32_ = own && spec_.mode == QPACK_MODE_F32 &&
                packed_.get_desc() == memory::desc({spec_.K, spec_.N}, dt::f32, tag::ba);
     const memory::desc ba({spec_.K, spec_.N}, dt::s8, tag::ba);
-    if (own && spec_.int8() && !split_ && !isa_has_vnni() && own_avx2_available() &&
-        packed_.get_desc() == ba) {
+    if (own && spec_.int8() && !split_ && !isa_has_vnni() && packed_.get_desc() == ba) {
       weight_sums_.resize(static_cast<size_t>(spec_.N));
       gemv_u8_weight_sums(static_cast<const int8_t*>(packed_.get_data_handle()), spec_.N, spec_.K,
                           weight_sums_.data());
@@ -266,7 +263,7 @@ class OnednnLinear final : public LinearKernel {
                      weight_sums_.data(), rq.src_zp, acc + n},
               num_threads());
       epilogue(acc, M, rq, y);
-      if (own_ran_.exchange(true, std::memory_order_relaxed)) counters_.hit();  // as a primitive's first run
+      count_own_run();
       return;
     }
     if (!split_ || narrow(x, M * spec_.K, rq.src_zp)) {
@@ -278,6 +275,12 @@ class OnednnLinear final : public LinearKernel {
     const RunQuant split_rq{1.0f, split.zero_point, 1.0f, 0};
     execute_matmul(2 * M, split.halves, split.acc, &split_rq, true);
     epilogue(split.acc, M, rq, y);
+  }
+
+  // A run on gemv_u8 / gemm_f32 counts as a hit after the first, as a
+  // primitive's runs do after the one that built it.
+  void count_own_run() const {
+    if (own_ran_.exchange(true, std::memory_order_relaxed)) counters_.hit();
   }
 
   // int32 sums [M, N] (zero point applied) to the op's output: u8 or f32.

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <new>
+#include <string>
 
 #include "core/quant.h"
 
@@ -30,6 +31,11 @@ bool own_avx2_available() {
 #else
   return false;
 #endif
+}
+
+bool own_enabled(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::string(v) != "0";
 }
 
 void* own_u8_scratch(int slot, size_t size) {
