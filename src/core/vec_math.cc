@@ -105,8 +105,7 @@ QPACK_AVX512 inline __m512 gelu512(__m512 x) {
   __m512 f = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_GT_OQ), e,
                                   _mm512_sub_ps(_mm512_set1_ps(2.0f), e));
   f = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(kErfSplit), _CMP_LE_OQ), f, near);
-  // + 0: a zero result is +0 (x = -0, or x so negative that erfc underflows), as PyTorch's
-  return _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.5f)), f), _mm512_setzero_ps());
+  return _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.5f)), f);
 }
 
 QPACK_AVX2 inline __m256 exp256(__m256 v) {
@@ -143,8 +142,7 @@ QPACK_AVX2 inline __m256 gelu256(__m256 x) {
   __m256 f = _mm256_blendv_ps(e, _mm256_sub_ps(_mm256_set1_ps(2.0f), e),
                               _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_GT_OQ));
   f = _mm256_blendv_ps(f, near, _mm256_cmp_ps(a, _mm256_set1_ps(kErfSplit), _CMP_LE_OQ));
-  // + 0: a zero result is +0 (x = -0, or x so negative that erfc underflows), as PyTorch's
-  return _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(0.5f)), f), _mm256_setzero_ps());
+  return _mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(0.5f)), f);
 }
 
 // The first min(left, 16) lanes.
