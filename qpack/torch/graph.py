@@ -1438,6 +1438,76 @@ def _to_array(t):
     return t.contiguous().numpy(), "nchw"
 
 
+def _run_handle(handle, arrays):
+    """Runs a core graph on ``_to_array`` results. Rank-4 outputs in the memory format
+    PyTorch's own ops would give: channels last when a rank-4 input was, else
+    contiguous NCHW (``.view`` works on them)."""
+    nhwc = any(layout == "nhwc" for _, layout in arrays)
+    outs = handle.run([a for a, _ in arrays], [layout for _, layout in arrays], "nhwc" if nhwc else "nchw")
+    return [torch.from_numpy(o).permute(0, 3, 1, 2) if o.ndim == 4 and nhwc else torch.from_numpy(o)
+            for o in outs]
+
+
+class LayerGraph:
+    """A frozen layer's own forward on a core graph of one node, between a quantize
+    and a dequantize for a static int8 layer: float tensor in and out in one core
+    call, as the layer runs inside a frozen graph. What ``qpack.freeze`` of a bare
+    Linear / Conv gives runs this way, and so does each layer of a model frozen
+    layer by layer; the layer's own torch path stays for the rest (other ranks
+    and dtypes, torch.ao's quantized tensors) and gives its errors. Held by the
+    layer, not pickled; rebuilt when the layer is re-packed (load_state_dict),
+    dropped when its packed op is closed (the graph shares the op: it would
+    keep the memory ``close()`` frees)."""
+
+    _RANKS = {"linear": (2, 3), "conv1d": (3,), "conv2d": (4,)}
+
+    def __init__(self, layer):
+        s = layer._spec
+        self.ranks = self._RANKS[layer._op]
+        self.kind = "linear" if layer._op == "linear" else "conv2d"
+        self.static = s["mode"] == "int8_static"
+        self.usable = s.get("io") != "legacy" and (not self.static or s.get("input_scale") is not None)
+        if self.static and self.usable:
+            self.values = [("f32", 0.0, 0), ("u8", float(s["input_scale"]), int(s["input_zero_point"])),
+                           ("u8", float(s["output_scale"]), int(s["output_zero_point"])), ("f32", 0.0, 0)]
+        else:
+            self.values = [("f32", 0.0, 0), ("f32", 0.0, 0)]
+        self.packed = None  # the packed op the handle was made over
+        self.handle = None
+
+    def graph(self, layer):
+        if self.handle is None or self.packed is not layer._packed:
+            op = dict(kind=self.kind, op=layer._packed._h)
+            if self.static:
+                nodes = [dict(kind="quantize", inputs=[0], output=1), dict(op, inputs=[1], output=2),
+                         dict(kind="dequantize", inputs=[2], output=3)]
+            else:
+                nodes = [dict(op, inputs=[0], output=1)]
+            self.handle = _core.GraphHandle(self.values, nodes, [0], [len(self.values) - 1])
+            self.packed = layer._packed
+        return self.handle
+
+    def drop(self):
+        if self.handle is not None:
+            self.handle.close()
+        self.handle = self.packed = None
+
+    def __call__(self, layer, x):
+        """``layer``'s output for ``x``, or None where its own forward is to run."""
+        if not self.usable or getattr(x, "ndim", 0) not in self.ranks or x.dtype is not torch.float32:
+            return None
+        if layer._packed.closed:
+            self.drop()
+            return None  # the layer's own path raises ClosedError
+        a = _to_array(x)
+        if a is None:
+            return None
+        try:
+            return _run_handle(self.graph(layer), [a])[0]
+        except (_core.InvalidArgumentError, _core.InvalidTypeError):
+            return None  # shapes this layer's graph cannot plan: the layer's own path says why
+
+
 class Segment:
     """One lowered segment: its core graph over the model's layers (by
     reference), f32 at its edges. With per-edge ``qparams`` (qpack's int8) every
@@ -1499,13 +1569,7 @@ class Segment:
         return self.handle
 
     def run_arrays(self, arrays):
-        """Rank-4 outputs in the memory format PyTorch's own ops would give: channels
-        last when a rank-4 input was, else contiguous NCHW (``.view`` works on them)."""
-        nhwc = any(layout == "nhwc" for _, layout in arrays)
-        outs = self.graph().run([a for a, _ in arrays], [layout for _, layout in arrays],
-                                "nhwc" if nhwc else "nchw")
-        return [torch.from_numpy(o).permute(0, 3, 1, 2) if o.ndim == 4 and nhwc else torch.from_numpy(o)
-                for o in outs]
+        return _run_handle(self.graph(), arrays)
 
     def __call__(self, *args):
         arrays = [_to_array(a) for a in args]

@@ -85,6 +85,17 @@ class _Frozen(nn.Module):
     # ---- running -----------------------------------------------------------------
 
     def forward(self, x):
+        # one core call where a one-node graph takes x (graph.LayerGraph), else torch around the packed op
+        graph = self.__dict__.get("_layer_graph")
+        if graph is None:
+            from qpack.torch.graph import LayerGraph
+            graph = self.__dict__["_layer_graph"] = LayerGraph(self)
+        y = graph(self, x)
+        return y if y is not None else self._forward_layer(x)
+
+    def _forward_layer(self, x):
+        """The layer's forward with torch ops around the packed op (any rank; torch.ao's
+        quantized tensors), and its input checks."""
         s = self._spec
         if s["mode"] == "int8_static":
             if s["io"] == "legacy":
@@ -235,6 +246,7 @@ class _Frozen(nn.Module):
     def __getstate__(self):
         state = self.__dict__.copy()
         state.pop("_packed", None)
+        state.pop("_layer_graph", None)
         state["_qpack_state"] = self._export()
         state["_qpack_retain"] = bool(self._packed.has_original)
         return state
@@ -253,7 +265,9 @@ class _Frozen(nn.Module):
     def __qpk_reduce__(self):
         # qpack.save: the packed op itself (a persistent id in the file), not
         # the unpacked weights __getstate__ gives pickle and torch.save.
-        return (_restore_frozen, (self.__class__, self.__dict__.copy()))
+        state = self.__dict__.copy()
+        state.pop("_layer_graph", None)
+        return (_restore_frozen, (self.__class__, state))
 
     def __deepcopy__(self, memo):
         new = self.__class__.__new__(self.__class__)
@@ -264,6 +278,9 @@ class _Frozen(nn.Module):
 
     def close(self):
         """Free the packed memory now; later calls raise qpack.ClosedError."""
+        graph = self.__dict__.pop("_layer_graph", None)
+        if graph is not None:
+            graph.drop()
         self._packed.close()
 
     def extra_repr(self):
