@@ -45,6 +45,17 @@ int64_t lut_u8_vector(const uint8_t* lut, const uint8_t* x, int64_t n, uint8_t* 
 bool affine_u8_vector(const uint8_t* x, int64_t outer, int64_t channels, int64_t inner, const float* m,
                       const float* b, float zx, float zy, uint8_t* y);
 
+// y[i] = (x[i] - zero_point) * scale, exactly as graph.cc's scalar dequantize,
+// for a prefix of the n values: returns its length (whole vectors of 8 with
+// AVX2, 0 without); the caller does the rest.
+int64_t dequantize_u8_vector(const uint8_t* x, int64_t n, float scale, int32_t zero_point, float* y);
+
+// Rows [r0, r1) of s [rows][cols] into d [cols][rows]: the whole 8 x 8 blocks
+// (rows r0 up to the last whole 8 from r0, columns up to the last whole 8),
+// with AVX2. Returns the columns done, 0 without AVX2 or below 8 columns; the
+// caller does the rest.
+int64_t transpose_f32_vector(const float* s, int64_t rows, int64_t cols, int64_t r0, int64_t r1, float* d);
+
 // y[i] = round_u8((x0[i] - z0) (x1[i] - z1) k, zy) (an equal-shape u8 mul;
 // the same operations as graph.cc's scalar loop): true when done (as
 // affine_u8_vector), false without the ISA.

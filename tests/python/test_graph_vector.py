@@ -1,8 +1,9 @@
 """The graph's vector code paths: fp32 sigmoid and SiLU nodes run a vectorized exp
 (src/core/vec_math.cc) where the CPU has AVX2 or AVX-512, within DESIGN.md's 1e-5 relative
 tolerance of PyTorch for every value, tail length and extreme input; NCHW <-> NHWC
-conversions at the graph's edges go by SSE2 blocks (4x4 floats, 16x16 bytes) with element
-loops at the edges of the blocks. The u8 activation table (AVX-512 VBMI, 64 bytes a step), the
+conversions at the graph's edges go by AVX2 8x8 float blocks (SSE2 4x4 without AVX2) and
+SSE2 16x16 byte blocks, with element loops at the edges of the blocks, exactly; dequantize
+nodes exactly (AVX2, 8 values a step). The u8 activation table (AVX-512 VBMI, 64 bytes a step), the
 per-channel u8 affine (BatchNorm the convolution cannot absorb, and the squeeze-excitation mul
 through the same kernel) and the equal-shape u8 mul (AVX-512, 16 values a step) with masked
 tails: each such node within one quantum of PyTorch given the node's own u8 inputs (the graph
@@ -70,6 +71,61 @@ def test_nchw_edges(dtype, c_in, c_out, hw):
         assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5)
     else:  # a few output quanta of the int8 conv
         assert (out - ref).abs().max().item() <= 0.05 * ref.abs().max().item() + 1e-6
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_f32_edge_transposes_are_exact(threads):
+    """A ReLU node between an NCHW input and an NCHW output: the input is transposed to
+    NHWC and the output back (AVX2 8 x 8 blocks with strips of 64 columns for wide
+    matrices, element loops at the blocks' edges, SSE2 without AVX2), value for value,
+    on shapes on and off the blocks, tall and wide, with the rows split over threads."""
+    from qpack import _core
+    g = _core.GraphHandle([("f32", 0, 0)] * 2, [dict(kind="activation", inputs=[0], output=1, activation="relu")],
+                          [0], [1])
+    qpack.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(threads)
+    for shape in [(1, 16, 4, 4), (2, 17, 5, 7), (1, 144, 56, 56), (3, 24, 1, 17), (1, 29, 3, 3),
+                  (1, 576, 14, 14), (2, 32, 112, 9), (1, 200, 8, 1), (1, 65, 1, 130)]:
+        x = torch.randn(*shape, generator=gen)
+        y = g.run([x.numpy()], ["nchw"], "nchw")[0]
+        assert y.shape == shape and torch.equal(torch.from_numpy(y), torch.relu(x)), shape
+        y = g.run([x.numpy()], ["nchw"], "nhwc")[0]  # the NHWC value itself
+        assert torch.equal(torch.from_numpy(y), torch.relu(x).permute(0, 2, 3, 1)), shape
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_quantize_of_an_nchw_input_equals_the_nhwc_one(threads):
+    """A quantize node reading an NCHW input (quantized, then its bytes transposed into
+    NHWC): the same bytes as the quantize of the same values given NHWC, extremes and ties
+    included, on and off the transpose's blocks."""
+    from qpack import _core
+    qpack.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(7)
+    for scale, zp in [(0.02, 128), (0.5, 0), (1e-3, 255)]:
+        g = _core.GraphHandle([("f32", 0, 0), ("u8", scale, zp)], [dict(kind="quantize", inputs=[0], output=1)],
+                              [0], [1])
+        for shape in [(1, 144, 56, 56), (2, 17, 5, 7), (1, 3, 9, 11), (1, 16, 1, 1), (1, 40, 3, 130)]:
+            x = torch.randn(*shape, generator=gen) * 200 * scale
+            flat = x.view(-1)
+            flat[::97] = float("inf")
+            flat[1::89] = -float("inf")
+            flat[2::83] = 1e30
+            flat[3::79] = 0.5 * scale  # a tie: half to even
+            nchw = g.run([x.numpy()], ["nchw"], "nhwc")[0]
+            nhwc = g.run([x.permute(0, 2, 3, 1).contiguous().numpy()], ["nhwc"], "nhwc")[0]
+            assert nchw.shape == nhwc.shape and (nchw == nhwc).all(), (scale, shape)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 64, 1000, 100003])
+def test_dequantize_is_exact(n):
+    """(q - zero_point) * scale in float, vector (AVX2, 8 a step) and tail alike."""
+    from qpack import _core
+    for scale, zp in [(0.0371, 131), (1e-3, 0), (2.5, 255)]:
+        g = _core.GraphHandle([("u8", scale, zp), ("f32", 0, 0)], [dict(kind="dequantize", inputs=[0], output=1)],
+                              [0], [1])
+        q = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))
+        y = torch.from_numpy(g.run([q.numpy()], ["nchw"])[0])
+        assert torch.equal(y, (q.to(torch.int32) - zp).to(torch.float32) * torch.tensor(scale, dtype=torch.float32))
 
 
 @pytest.mark.parametrize("c,hw", [(3, (40, 40)), (24, (17, 21)), (48, (32, 32))])
