@@ -1,4 +1,5 @@
 # GraphHandle: owns one qpack_graph (included by _core.pyx).
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdlib cimport calloc, free
 
 NODE_KINDS = {"conv2d": QPACK_NODE_CONV2D, "linear": QPACK_NODE_LINEAR, "add": QPACK_NODE_ADD,
@@ -37,9 +38,18 @@ cdef int _fill_tensor(qpack_tensor* t, a, str layout) except -1:
     for i in range(a.ndim):
         t.dims[i] = dims[i]
     t.layout = QPACK_LAYOUT_NHWC if layout == "nhwc" else QPACK_LAYOUT_NCHW
-    cdef uint8_t[::1] view = a.reshape(-1).view(np.uint8)
-    t.data = <void*>&view[0] if view.shape[0] > 0 else NULL
+    t.data = _data(a)
     return 0
+
+
+cdef void* _data(a) except? NULL:
+    """The first byte of C-contiguous array a (NULL when it has none); the
+    buffer protocol, a tenth of the time of a typed memoryview over a byte view."""
+    cdef Py_buffer buf
+    PyObject_GetBuffer(a, &buf, PyBUF_C_CONTIGUOUS)
+    cdef void* p = buf.buf if buf.len > 0 else NULL
+    PyBuffer_Release(&buf)
+    return p
 
 
 cdef class GraphHandle:
@@ -152,7 +162,6 @@ cdef class GraphHandle:
         cdef qpack_tensor* ti = <qpack_tensor*>calloc(max(ni, 1), sizeof(qpack_tensor))
         cdef qpack_tensor* to = <qpack_tensor*>calloc(max(no, 1), sizeof(qpack_tensor))
         cdef qpack_status st
-        cdef uint8_t[::1] view
         results = []
         try:
             for i in range(ni):
@@ -169,8 +178,7 @@ cdef class GraphHandle:
                     to[i].layout = QPACK_LAYOUT_NCHW
                 else:
                     out = np.empty(dims, dtype=dtype)
-                view = out.reshape(-1).view(np.uint8)
-                to[i].data = <void*>&view[0] if view.shape[0] > 0 else NULL
+                to[i].data = _data(out)
                 results.append(out)
             with nogil:
                 st = qpack_graph_run(self._h, ni, ti, no, to)

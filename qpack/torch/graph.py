@@ -1442,10 +1442,16 @@ def _run_handle(handle, arrays):
     """Runs a core graph on ``_to_array`` results. Rank-4 outputs in the memory format
     PyTorch's own ops would give: channels last when a rank-4 input was, else
     contiguous NCHW (``.view`` works on them)."""
-    nhwc = any(layout == "nhwc" for _, layout in arrays)
-    outs = handle.run([a for a, _ in arrays], [layout for _, layout in arrays], "nhwc" if nhwc else "nchw")
-    return [torch.from_numpy(o).permute(0, 3, 1, 2) if o.ndim == 4 and nhwc else torch.from_numpy(o)
-            for o in outs]
+    if len(arrays) == 1:  # the common case without the generic lists (a few microseconds a call)
+        a, layout = arrays[0]
+        nhwc = layout == "nhwc"
+        outs = handle.run([a], [layout], layout)
+    else:
+        nhwc = any(layout == "nhwc" for _, layout in arrays)
+        outs = handle.run([a for a, _ in arrays], [layout for _, layout in arrays], "nhwc" if nhwc else "nchw")
+    if not nhwc:
+        return [torch.from_numpy(o) for o in outs]
+    return [torch.from_numpy(o).permute(0, 3, 1, 2) if o.ndim == 4 else torch.from_numpy(o) for o in outs]
 
 
 class LayerGraph:
