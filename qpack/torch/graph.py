@@ -1509,7 +1509,14 @@ class LayerGraph:
         if a is None:
             return None
         try:
-            return _run_handle(self.graph(layer), [a])[0]
+            handle = self.graph(layer)
+        except _core.ClosedError:
+            return None
+        except _core.Error:
+            self.usable = False  # a layer no core graph takes: its own path from now on
+            return None
+        try:
+            return _run_handle(handle, [a])[0]
         except (_core.InvalidArgumentError, _core.InvalidTypeError):
             return None  # shapes this layer's graph cannot plan: the layer's own path says why
 

@@ -117,6 +117,25 @@ def test_what_the_graph_cannot_take_runs_the_torch_path():
     assert c(torch.randn(1, 4, 8, 8)).shape == (1, 8, 6, 6)
 
 
+def test_a_layer_no_graph_takes_keeps_its_torch_path(monkeypatch):
+    """Where the core will not make the layer's graph (here: made to refuse), the layer
+    runs its torch path, then and on later calls, with the same values."""
+    from qpack.torch import graph as G
+    lin = nn.Linear(16, 8).eval()
+    f = qpack.freeze(lin)
+    x = torch.randn(2, 16)
+
+    def refuse(*args, **kwargs):
+        raise qpack.UnsupportedError("no graph for this layer")
+
+    monkeypatch.setattr(G._core, "GraphHandle", refuse)
+    torch.testing.assert_close(f(x), lin(x), rtol=1e-5, atol=1e-5)
+    assert f.__dict__["_layer_graph"].usable is False
+    monkeypatch.undo()
+    torch.testing.assert_close(f(x), lin(x), rtol=1e-5, atol=1e-5)
+    assert _runs(f) == 0
+
+
 def test_close_frees_the_layer_and_later_calls_raise():
     for close in (lambda f: f.close(), lambda f: f.packed.close()):
         f = qpack.freeze(nn.Linear(16, 8).eval())
