@@ -116,6 +116,30 @@ def test_quantize_of_an_nchw_input_equals_the_nhwc_one(threads):
             assert nchw.shape == nhwc.shape and (nchw == nhwc).all(), (scale, shape)
 
 
+_SSE2_EDGES = """
+import sys, torch, qpack
+from qpack import _core
+qpack.set_num_threads(int(sys.argv[1]))
+g = _core.GraphHandle([("f32", 0, 0)] * 2, [dict(kind="activation", inputs=[0], output=1, activation="relu")],
+                      [0], [1])
+gen = torch.Generator().manual_seed(3)
+for shape in [(1, 16, 4, 4), (2, 17, 5, 7), (1, 144, 56, 56), (1, 29, 3, 3), (1, 65, 1, 130)]:
+    x = torch.randn(*shape, generator=gen)
+    y = torch.from_numpy(g.run([x.numpy()], ["nchw"], "nchw")[0])
+    assert torch.equal(y, torch.relu(x)), shape
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_f32_edge_transposes_without_vector_code_are_exact(threads):
+    """QPACK_VEC_MATH=0: the SSE2 4 x 4 blocks (what runs without AVX2), value for value."""
+    env = dict(os.environ, QPACK_VEC_MATH="0")
+    r = subprocess.run([sys.executable, "-c", _SSE2_EDGES, threads], env=env, capture_output=True, text=True,
+                       cwd="/tmp")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 64, 1000, 100003])
 def test_dequantize_is_exact(n):
     """(q - zero_point) * scale in float, vector (AVX2, 8 a step) and tail alike."""
