@@ -54,6 +54,10 @@ class ConvKernel : public Kernel {
   const ConvSpec& spec() const { return spec_; }
   // Whether run_f32 applies `act` as ConvShape::post_act (none: every kernel).
   virtual bool fuses_f32(qpack_activation act) const { return act == QPACK_ACT_NONE; }
+  // Whether run_f32 reads and writes planar (NCHW) data for this shape at
+  // least as fast as channels-last data with transposes around it (a graph
+  // then keeps such an input, and an output only the caller reads, NCHW).
+  virtual bool fast_on_nchw_f32(const ConvShape&) const { return false; }
 
  protected:
   explicit ConvKernel(const ConvSpec& spec) : spec_(spec) {}

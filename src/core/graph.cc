@@ -1026,6 +1026,20 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
   }
 }
 
+bool Graph::planar_conv(const GraphNode& n, const std::vector<Shape>& shapes) const {
+  const Shape& xs = shapes[n.in[0]];
+  const Shape& ys = shapes[n.out];
+  if (n.kind != QPACK_NODE_CONV2D || n.conv == nullptr || xs.rank != 4 ||
+      values_[n.in[0]].dtype != QPACK_DTYPE_F32) {
+    return false;
+  }
+  ConvShape s{xs.d[0], xs.d[2], xs.d[3], ys.d[2], ys.d[3], QPACK_LAYOUT_NCHW, QPACK_LAYOUT_NCHW};
+  s.post_act = n.act;
+  s.post_min = n.act_min;
+  s.post_max = n.act_max;
+  return n.conv->kernel().fast_on_nchw_f32(s);
+}
+
 GraphPlan Graph::make_plan(const qpack_tensor* inputs) const {
   GraphPlan p;
   const size_t nv = values_.size();
@@ -1041,26 +1055,40 @@ GraphPlan Graph::make_plan(const qpack_tensor* inputs) const {
     p.input_shapes.push_back(s);
     p.input_layouts.push_back(t.ndim == 4 ? t.layout : QPACK_LAYOUT_NCHW);
     p.shapes[inputs_[i]] = s;
+  }
+  for (const auto& n : nodes_) p.shapes[n.out] = infer(n, p.shapes);
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    const qpack_tensor& t = inputs[i];
     // Used where it is, unless a rank-4 input must become NHWC: quantize nodes
     // read NCHW themselves (they transpose the bytes), and so do convolutions
     // of an input of few channels (an image's 3: oneDNN picks its kernel for
-    // it); other consumers, and convolutions from 16 channels, take a copy
-    // converted by the tiled transpose, faster there than oneDNN's NCHW path
-    // (fp32, 1 thread, NCHW in and out, interleaved: depthwise 3x3 x144 @56^2
-    // 686 -> 515 us, x96 @112^2 stride 2 1479 -> 1002, 1x1 96->576 @14^2
-    // 429 -> 407; dense 3x3 64 @56^2 and 256 @14^2 within 3 %).
+    // it) and those whose kernel is fast on planar data (fp32 depthwise,
+    // ConvKernel::fast_on_nchw_f32); other consumers, and convolutions from
+    // 16 channels, take a copy converted by the tiled transpose, faster there
+    // than oneDNN's NCHW path (fp32, 1 thread, NCHW in and out, interleaved:
+    // depthwise 3x3 x144 @56^2 686 -> 515 us, x96 @112^2 stride 2 1479 ->
+    // 1002, 1x1 96->576 @14^2 429 -> 407; dense 3x3 64 @56^2 and 256 @14^2
+    // within 3 %).
     const bool nchw = t.ndim == 4 && t.layout == QPACK_LAYOUT_NCHW;
     const bool few_channels = t.ndim == 4 && t.dims[1] < 16;
     bool direct = true;
     for (const auto& n : nodes_) {
       const bool reads = std::find(n.in.begin(), n.in.end(), inputs_[i]) != n.in.end();
-      const bool in_place = n.kind == QPACK_NODE_QUANTIZE || (n.kind == QPACK_NODE_CONV2D && few_channels);
+      const bool in_place = n.kind == QPACK_NODE_QUANTIZE ||
+                            (n.kind == QPACK_NODE_CONV2D && (few_channels || planar_conv(n, p.shapes)));
       if (reads && !in_place) direct = false;
     }
     p.nchw[inputs_[i]] = nchw && direct;
     p.external[inputs_[i]] = !nchw || direct;
   }
-  for (const auto& n : nodes_) p.shapes[n.out] = infer(n, p.shapes);
+  // A convolution fast on planar data whose input is NCHW and whose output
+  // only the caller reads writes it NCHW too.
+  for (const auto& n : nodes_) {
+    if (n.kind != QPACK_NODE_CONV2D || !p.nchw[n.in[0]] || !planar_conv(n, p.shapes)) continue;
+    bool read = false;
+    for (const auto& m : nodes_) read = read || std::find(m.in.begin(), m.in.end(), n.out) != m.in.end();
+    p.nchw[n.out] = !read;
+  }
   p.on_backend.assign(nodes_.size(), false);
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const GraphNode& n = nodes_[i];
@@ -1217,7 +1245,8 @@ void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* output
     const int v = outputs_[i];
     const bool produced = std::find(inputs_.begin(), inputs_.end(), v) == inputs_.end();
     const bool once = std::count(outputs_.begin(), outputs_.end(), v) == 1;
-    if (produced && once && (plan->shapes[v].rank != 4 || outputs[i].layout == QPACK_LAYOUT_NHWC) &&
+    const qpack_layout held = plan->nchw[v] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC;
+    if (produced && once && (plan->shapes[v].rank != 4 || outputs[i].layout == held) &&
         plan->shapes[v].numel() > 0) {
       ptrs[v] = static_cast<uint8_t*>(outputs[i].data);
       written[i] = true;
@@ -1280,7 +1309,7 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
                                             QPACK_LAYOUT_NCHW}
                                 : ConvShape{xs.d[0], xs.d[2], xs.d[3], ys.d[2], ys.d[3],
                                             plan.nchw[n.in[0]] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC,
-                                            QPACK_LAYOUT_NHWC};
+                                            plan.nchw[n.out] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC};
       if (u8) {
         n.conv->kernel().run_u8(s, x, qx.scale, qx.zp, y);
       } else {

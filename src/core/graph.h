@@ -59,7 +59,8 @@ struct GraphPlan {
   std::vector<Shape> shapes;      // per value
   std::vector<size_t> offsets;    // per value: byte offset in the workspace
   std::vector<bool> external;     // per value: a graph input used in the caller's memory
-  std::vector<bool> nchw;         // per value: an NCHW input its consumers read as it is
+  std::vector<bool> nchw;         // per value: held NCHW (an input its consumers read as it is, a
+                                  // quantize of few channels, a planar convolution's output)
   std::vector<bool> on_backend;   // per node: runs on its backend_op (which takes these shapes)
   size_t workspace = 0;
 };
@@ -97,6 +98,9 @@ class Graph {
                                             const qpack_tensor* outputs, int num_outputs) const;
   GraphPlan make_plan(const qpack_tensor* inputs) const;
   Shape infer(const GraphNode& n, const std::vector<Shape>& shapes) const;
+  // Whether convolution node n runs on planar (NCHW) fp32 data at these
+  // shapes at least as fast as on channels-last (ConvKernel::fast_on_nchw_f32).
+  bool planar_conv(const GraphNode& n, const std::vector<Shape>& shapes) const;
   void run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* ptrs) const;
   // The backend of the static int8 ops (when they agree) and its operators
   // for the u8 nodes it takes (GraphNode::backend_op).

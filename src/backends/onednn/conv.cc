@@ -39,6 +39,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backends/onednn/depthwise_nchw_f32.h"
 #include "backends/onednn/depthwise_u8.h"
 #include "backends/onednn/int8_split.h"
 #include "backends/onednn/own_u8.h"
@@ -55,12 +56,17 @@ using dnnl::memory;
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
-// qpack's own static int8 kernels on this backend.
-enum class OwnKernel { none, depthwise, depthwise_avx2, pointwise };
+// qpack's own kernels on this backend: static int8, and fp32 depthwise on
+// planar (NCHW) data.
+enum class OwnKernel { none, depthwise, depthwise_avx2, pointwise, depthwise_nchw_f32 };
 
 // The own kernel that may run a convolution, by its parameters, its weights
 // (narrow: all within [-64, 64]) and this CPU.
 OwnKernel own_kernel_for(const ConvSpec& spec, bool narrow_weights) {
+  if (spec.mode == QPACK_MODE_F32 && spec.depthwise() &&
+      depthwise_nchw_f32_fits(spec.KH, spec.KW, spec.stride_w) && own_enabled("QPACK_ONEDNN_OWN_DEPTHWISE")) {
+    return OwnKernel::depthwise_nchw_f32;
+  }
   if (!spec.static_int8()) return OwnKernel::none;
   if (spec.depthwise() && own_enabled("QPACK_ONEDNN_OWN_DEPTHWISE")) {
     if (isa_has_avx512_vnni() &&
@@ -90,6 +96,7 @@ struct Packed {
   std::shared_ptr<const void> keep;  // the model file mem points into, if any
   OwnKernel own = OwnKernel::none;
   int64_t wblock = 16;                // depthwise: channels per block of the layout
+  int64_t cstride = 0, tap_h = 0, tap_w = 0;  // depthwise_nchw_f32: DepthwiseNchwF32's strides
   PointwiseWeights pointwise{};       // pointwise: where its weights are
   std::vector<int32_t> weight_sums;   // pointwise: per output, over the inputs
   memory::desc md() const { return mem.get_desc(); }
@@ -103,6 +110,18 @@ void find_own_layout(Packed* packed, const ConvSpec& spec, OwnKernel kernel) {
   packed->own = OwnKernel::none;
   if (kernel == OwnKernel::none) return;
   const BlockedLayout l = BlockedLayout::of(packed->md(), false);
+  if (kernel == OwnKernel::depthwise_nchw_f32) {  // plain, or channels in one inner block
+    const int64_t dims[5] = {spec.OC, 1, 1, spec.KH, spec.KW};
+    if (l.data_type == static_cast<uint32_t>(dt::f32) && l.ndims == 5 && std::equal(dims, dims + 5, l.dims) &&
+        (l.nblks == 0 || (l.nblks == 1 && l.idxs[0] == 0))) {
+      packed->own = kernel;
+      packed->wblock = l.nblks == 0 ? 0 : l.blks[0];
+      packed->cstride = l.strides[0];
+      packed->tap_h = l.strides[3];
+      packed->tap_w = l.strides[4];
+    }
+    return;
+  }
   if (l.data_type != static_cast<uint32_t>(dt::s8)) return;
   if (kernel == OwnKernel::depthwise || kernel == OwnKernel::depthwise_avx2) {
     const int64_t dims[5] = {spec.OC, 1, 1, spec.KH, spec.KW};
@@ -268,8 +287,30 @@ class OnednnConv final : public ConvKernel {
     return act == QPACK_ACT_NONE || (!spec_.int8() && eltwise_of(act, 0.0f, 1.0f, &alg, &alpha, &beta));
   }
 
+  bool fast_on_nchw_f32(const ConvShape& s) const override {
+    float lo, hi;
+    return own_ == OwnKernel::depthwise_nchw_f32 && std::atomic_load(&packed_)->own == own_ &&
+           depthwise_nchw_f32_faster(s.OH, s.OW) && nchw_clamp(s, &lo, &hi);
+  }
+
  protected:
   void do_run_f32(const ConvShape& s, const float* x, float* y) const override {
+    float lo, hi;
+    if (own_ == OwnKernel::depthwise_nchw_f32 && s.x_layout == QPACK_LAYOUT_NCHW &&
+        s.y_layout == QPACK_LAYOUT_NCHW && depthwise_nchw_f32_faster(s.OH, s.OW) && nchw_clamp(s, &lo, &hi)) {
+      auto packed = std::atomic_load(&packed_);
+      if (packed->own == own_) {
+        depthwise_nchw_f32(DepthwiseNchwF32{x, y, s.N, spec_.OC, s.H, s.W, s.OH, s.OW, spec_.KH, spec_.KW,
+                                            spec_.stride_h, spec_.stride_w, spec_.pad_t, spec_.pad_l,
+                                            spec_.dil_h, spec_.dil_w,
+                                            static_cast<const float*>(packed->mem.get_data_handle()),
+                                            packed->wblock, packed->cstride, packed->tap_h, packed->tap_w,
+                                            spec_.bias.empty() ? nullptr : spec_.bias.data(), lo, hi},
+                           num_threads());
+        counters_.hit();
+        return;
+      }
+    }
     execute_conv(s, const_cast<float*>(x), y, nullptr, false);
   }
 
@@ -317,6 +358,22 @@ class OnednnConv final : public ConvKernel {
 
  private:
   static constexpr int64_t kPackSize = 28;
+
+  // The layer's clamp and the run's activation as one clamp [lo, hi] (what
+  // depthwise_nchw_f32 applies); false for an activation that is no clamp.
+  bool nchw_clamp(const ConvShape& s, float* lo, float* hi) const {
+    *lo = spec_.clamp_min;
+    *hi = spec_.clamp_max;
+    switch (s.post_act) {
+      case QPACK_ACT_NONE: return true;
+      case QPACK_ACT_RELU: *lo = std::max(*lo, 0.0f); *hi = std::max(*hi, 0.0f); return true;
+      case QPACK_ACT_CLAMP:
+        *lo = std::min(std::max(*lo, s.post_min), s.post_max);
+        *hi = std::max(std::min(*hi, s.post_max), s.post_min);
+        return true;
+      default: return false;
+    }
+  }
   static constexpr size_t kMaxPrims = 16;
   // A shape whose best kernel wants another weight layout re-packs the shared
   // weights (copy-on-write) at most this many times; after that such shapes

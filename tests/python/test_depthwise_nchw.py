@@ -1,0 +1,168 @@
+"""fp32 depthwise convolutions on planar data (src/backends/onednn/depthwise_nchw_f32.h):
+a graph's NCHW float input read by a depthwise convolution of output planes from 28x28
+is read in place and its output written NCHW, on qpack's kernel, without transposes.
+PyTorch is the oracle; oneDNN's channels-last kernel (QPACK_ONEDNN_OWN_DEPTHWISE=0 when
+the layer is frozen) gives the same values."""
+import itertools
+import os
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import qpack
+
+pytestmark = pytest.mark.skipif("onednn" not in qpack.backends(), reason="the oneDNN backend is not built")
+
+
+def frozen(m, own=True):
+    if own:
+        return qpack.freeze(m)
+    os.environ["QPACK_ONEDNN_OWN_DEPTHWISE"] = "0"
+    try:
+        return qpack.freeze(m)
+    finally:
+        del os.environ["QPACK_ONEDNN_OWN_DEPTHWISE"]
+
+
+def close(a, b, tol=1e-4):
+    return a.shape == b.shape and (a - b).abs().max().item() <= tol * max(1.0, b.abs().max().item())
+
+
+# (channels, H, W, kernel, stride, padding, dilation): 3x3 stride 1 dense (the AVX-512
+# direct path), and strides, dilations, other windows and paddings (the padded-copy path)
+SHAPES = [
+    (8, 28, 28, 3, 1, 1, 1), (17, 56, 61, 3, 1, 1, 1), (16, 30, 45, 3, 1, 0, 1), (5, 33, 29, 3, 1, 2, 1),
+    (8, 57, 57, 3, 2, 1, 1), (16, 112, 112, 3, 2, 1, 1), (8, 40, 40, 3, 1, 2, 2), (8, 40, 37, 5, 1, 2, 1),
+    (8, 61, 58, 5, 2, 2, 1), (3, 31, 64, 1, 1, 0, 1), (8, 64, 64, 7, 1, 3, 1), (8, 60, 63, 3, 2, 0, 2),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "c{}_{}x{}_k{}s{}p{}d{}".format(*s))
+@pytest.mark.parametrize("act", [None, "relu", "relu6"])
+def test_planar_depthwise_matches_pytorch_and_onednn(shape, act):
+    c, h, w, k, s, p, d = shape
+    torch.manual_seed(c * 1000 + h + w + k)
+    conv = nn.Conv2d(c, c, k, stride=s, padding=p, dilation=d, groups=c, bias=(h % 2 == 0))
+    m = nn.Sequential(conv, *([nn.ReLU()] if act == "relu" else [nn.ReLU6()] if act == "relu6" else [])).eval()
+    x = torch.randn(2, c, h, w) * 3
+    with torch.no_grad():
+        ref = m(x)
+        own, dnnl = frozen(m)(x), frozen(m, own=False)(x)
+        nhwc = frozen(m)(x.contiguous(memory_format=torch.channels_last))
+    assert own.is_contiguous()
+    assert close(own, ref), (own - ref).abs().max()
+    assert close(own, dnnl)
+    assert close(nhwc, ref)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_planar_depthwise_threads_split_the_planes(threads):
+    torch.manual_seed(1)
+    m = nn.Sequential(nn.Conv2d(37, 37, 3, padding=1, groups=37), nn.ReLU6()).eval()
+    x = torch.randn(3, 37, 28, 30)
+    old = qpack.get_num_threads()
+    qpack.set_num_threads(threads)
+    try:
+        f = qpack.freeze(m)
+        with torch.no_grad():
+            assert close(f(x), m(x))
+    finally:
+        qpack.set_num_threads(old)
+
+
+class DwThenPointwise(nn.Module):
+    """The depthwise output read by another node: it stays channels-last inside."""
+
+    def __init__(self):
+        super().__init__()
+        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.pw = nn.Conv2d(16, 24, 1)
+
+    def forward(self, x):
+        y = self.dw(x)
+        return self.pw(y), y
+
+
+class InputReadTwice(nn.Module):
+    """The NCHW input read by the depthwise convolution and by an add: it becomes
+    channels-last for both."""
+
+    def __init__(self):
+        super().__init__()
+        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+
+    def forward(self, x):
+        return self.dw(x) + x
+
+
+class TwoDepthwise(nn.Module):
+    """Two planar depthwise convolutions of one input, both outputs only the caller's."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.b = nn.Conv2d(8, 8, 5, padding=2, stride=2, groups=8)
+
+    def forward(self, x):
+        return self.a(x), torch.relu(self.b(x))
+
+
+@pytest.mark.parametrize("cls", [DwThenPointwise, InputReadTwice, TwoDepthwise])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_planar_depthwise_inside_graphs(cls, layout):
+    torch.manual_seed(2)
+    m = cls().eval()
+    x = torch.randn(2, m.dw.in_channels if hasattr(m, "dw") else 8, 56, 56)
+    if layout == "nhwc":
+        x = x.contiguous(memory_format=torch.channels_last)
+    f = qpack.freeze(m)
+    with torch.no_grad():
+        ref, out = m(x), f(x)
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    out = out if isinstance(out, tuple) else (out,)
+    assert len(out) == len(ref)
+    for o, r in zip(out, ref):
+        assert close(o, r)
+        if layout == "nhwc":
+            assert o.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_planar_depthwise_graph_runs_concurrently():
+    torch.manual_seed(3)
+    m = nn.Sequential(nn.Conv2d(24, 24, 3, padding=1, groups=24)).eval()
+    f = qpack.freeze(m)
+    xs = [torch.randn(1, 24, 28 + 4 * i, 56) for i in range(4)]
+    with torch.no_grad():
+        refs = [m(x) for x in xs]
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(20):
+                with torch.no_grad():
+                    y = f(xs[i])
+                if not close(y, refs[i]):
+                    errors.append(i)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+
+
+def test_planar_depthwise_bad_input_leaves_the_layer_usable():
+    torch.manual_seed(4)
+    m = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8)).eval()
+    f = qpack.freeze(m)
+    with pytest.raises(Exception) as e:
+        f(torch.randn(1, 9, 28, 28))  # wrong channel count
+    assert "8" in str(e.value) or "channel" in str(e.value).lower()
+    x = torch.randn(1, 8, 28, 28)
+    with torch.no_grad():
+        assert close(f(x), m(x))
