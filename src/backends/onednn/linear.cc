@@ -15,7 +15,9 @@
 // primitive there too, on the same packed weight: exact, at half the work;
 // narrow weights (all within [-64, 64]) always do, and batches of up to
 // kGemvMaxRows (16) rows of them run on qpack's own kernel (gemv_u8.h) with
-// the split runs' epilogue. fp32 weights packed "ba" for oneDNN's gemm (AVX2)
+// the split runs' epilogue; with AVX-512 VNNI, batches of up to
+// kGemvVnniMaxRows (8) rows run on gemv_vnni.h, on oneDNN's packed layout.
+// fp32 weights packed "ba" for oneDNN's gemm (AVX2)
 // run batches of up to kGemmF32MaxRows (64) rows on gemm_f32.h.
 #include <atomic>
 #include <cstring>
@@ -26,6 +28,7 @@
 
 #include "backends/onednn/gemm_f32.h"
 #include "backends/onednn/gemv_u8.h"
+#include "backends/onednn/gemv_vnni.h"
 #include "backends/onednn/int8_split.h"
 #include "backends/onednn/own_u8.h"
 #include "backends/onednn/runtime.h"
@@ -172,6 +175,13 @@ class OnednnLinear final : public LinearKernel {
       gemv_u8_weight_sums(static_cast<const int8_t*>(packed_.get_data_handle()), spec_.N, spec_.K,
                           weight_sums_.data());
     }
+    // int8 with AVX-512 VNNI, packed for oneDNN's brgemm: few rows on gemv_vnni.h
+    if (own_enabled("QPACK_ONEDNN_OWN_GEMM") && spec_.int8() && isa_has_avx512_vnni() &&
+        gemv_vnni_layout(BlockedLayout::of(packed_.get_desc(), false), spec_.K, spec_.N, &vnni_nstride_,
+                         &vnni_kstride_)) {
+      weight_sums_.resize(static_cast<size_t>(spec_.N));
+      gemv_vnni_weight_sums(vnni(nullptr, 0, 0, nullptr), weight_sums_.data());
+    }
     counters_.built();
   }
   static constexpr size_t kMaxPrims = 16;
@@ -254,14 +264,18 @@ class OnednnLinear final : public LinearKernel {
 
   // Static (u8 out) or dynamic (f32 out) int8 on a u8 input.
   void run_int8(int64_t M, const uint8_t* x, const RunQuant& rq, void* y) const {
-    if (!weight_sums_.empty() && M <= kGemvMaxRows) {
+    if (!weight_sums_.empty() && M <= (vnni_nstride_ > 0 ? kGemvVnniMaxRows : kGemvMaxRows)) {
       // the epilogue's [2][M][N] halves (2 hi + lo): hi 0, lo the sums
       const size_t n = static_cast<size_t>(M * spec_.N);
       auto* acc = static_cast<int32_t*>(thread_buffer(ThreadBuffer::split, 2 * n * sizeof(int32_t)));
       std::memset(acc, 0, n * sizeof(int32_t));
-      gemv_u8(GemvU8{x, M, spec_.K, spec_.N, static_cast<const int8_t*>(packed_.get_data_handle()),
-                     weight_sums_.data(), rq.src_zp, acc + n},
-              num_threads());
+      if (vnni_nstride_ > 0) {
+        gemv_vnni(vnni(x, M, rq.src_zp, acc + n), num_threads());
+      } else {
+        gemv_u8(GemvU8{x, M, spec_.K, spec_.N, static_cast<const int8_t*>(packed_.get_data_handle()),
+                       weight_sums_.data(), rq.src_zp, acc + n},
+                num_threads());
+      }
       epilogue(acc, M, rq, y);
       count_own_run();
       return;
@@ -317,7 +331,13 @@ class OnednnLinear final : public LinearKernel {
   std::shared_ptr<const void> keep_;  // the model file packed_ points into, if any
   memory bias_;
   memory wei_scales_;  // over spec_.weight_scales (int8)
-  std::vector<int32_t> weight_sums_;  // per output, where few rows run on gemv_u8.h
+  GemvVnni vnni(const uint8_t* x, int64_t M, int32_t zp, int32_t* acc) const {
+    return GemvVnni{x, M, spec_.K, spec_.N, static_cast<const int8_t*>(packed_.get_data_handle()),
+                    vnni_nstride_, vnni_kstride_, weight_sums_.data(), zp, acc};
+  }
+
+  std::vector<int32_t> weight_sums_;  // per output, where few rows run on gemv_u8.h / gemv_vnni.h
+  int64_t vnni_nstride_ = 0, vnni_kstride_ = 0;  // gemv_vnni.h's layout, where it runs
   bool own_f32_ = false;  // fp32 packed "ba" with AVX2: few rows run on gemm_f32.h
   mutable std::atomic<bool> own_ran_{false};  // gemv_u8 / gemm_f32 ran once
   PrimCache<Prim> prims_{counters_, kMaxPrims};
