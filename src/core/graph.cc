@@ -1094,6 +1094,17 @@ GraphPlan Graph::make_plan(const qpack_tensor* inputs) const {
     const GraphNode& n = nodes_[i];
     p.on_backend[i] = n.backend_op && n.backend_op->accepts(p.shapes[n.in[0]], p.shapes[n.out]);
   }
+  // A dequantize whose output only the caller reads writes it NCHW, transposing
+  // on the way (one pass instead of two), where no input came channels-last
+  // (then the caller wants NCHW out: qpack/torch/graph.py's _run_handle).
+  const bool planar_in = std::find(p.input_layouts.begin(), p.input_layouts.end(), QPACK_LAYOUT_NHWC) ==
+                         p.input_layouts.end();
+  for (const auto& n : nodes_) {
+    if (n.kind != QPACK_NODE_DEQUANTIZE || !planar_in || p.shapes[n.out].rank != 4 || p.nchw[n.in[0]]) continue;
+    bool read = false;
+    for (const auto& m : nodes_) read = read || std::find(m.in.begin(), m.in.end(), n.out) != m.in.end();
+    p.nchw[n.out] = !read;
+  }
   // A quantize of an NCHW input of few channels (an image's 3) whose readers
   // are all convolutions keeps NCHW: the convolution converts u8 (oneDNN's
   // reorder), faster there than the quantize's element-wise transpose. From
@@ -1228,6 +1239,11 @@ void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* output
   uint8_t* ws = thread_workspace(std::max<size_t>(plan->workspace, 64));
   std::vector<uint8_t*> ptrs(values_.size(), nullptr);
   for (size_t v = 0; v < values_.size(); ++v) ptrs[v] = ws + plan->offsets[v];
+  static const bool profile = std::getenv("QPACK_GRAPH_PROFILE") != nullptr;
+  auto since = [](std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto t_edges = std::chrono::steady_clock::now();
   for (int i = 0; i < num_inputs; ++i) {
     const int v = inputs_[i];
     if (plan->external[v]) {
@@ -1252,7 +1268,7 @@ void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* output
       written[i] = true;
     }
   }
-  static const bool profile = std::getenv("QPACK_GRAPH_PROFILE") != nullptr;
+  if (profile) std::fprintf(stderr, "qpack graph inputs to their layouts %.1f us\n", since(t_edges));
   for (size_t i = 0; i < nodes_.size(); ++i) {
     if (!profile) {
       run_node(nodes_[i], *plan, ptrs.data());
@@ -1260,12 +1276,13 @@ void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* output
     }
     const auto t0 = std::chrono::steady_clock::now();
     run_node(nodes_[i], *plan, ptrs.data());
-    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    const double us = since(t0);
     const Shape& s = plan->shapes[nodes_[i].out];
     std::fprintf(stderr, "qpack graph node %zu %s %s%s %.1f us\n", i, kind_name(nodes_[i].kind),
                  shape_str(s).c_str(),
                  plan->on_backend[i] ? (std::string(" on ") + backend(backend_).name).c_str() : "", us);
   }
+  t_edges = std::chrono::steady_clock::now();
   for (int i = 0; i < num_outputs; ++i) {
     if (written[i]) continue;
     const int v = outputs_[i];
@@ -1281,6 +1298,7 @@ void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* output
       std::memcpy(outputs[i].data, ptrs[v], static_cast<size_t>(s.numel()) * es);
     }
   }
+  if (profile) std::fprintf(stderr, "qpack graph outputs to the caller's layouts %.1f us\n", since(t_edges));
 }
 
 void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* ptrs) const {
@@ -1692,6 +1710,21 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       quantize_u8_array(xf, count, QParams{qy.scale, qy.zp}, y);  // parallel inside
       return;
     case QPACK_NODE_DEQUANTIZE:
+      if (plan.nchw[n.out] && !plan.nchw[n.in[0]] && ys.rank == 4) {  // NHWC u8 -> NCHW f32
+        const int64_t rows = ys.d[2] * ys.d[3], cols = ys.d[1];
+        for (int64_t b = 0; b < ys.d[0]; ++b) {
+          const uint8_t* s = x + b * rows * cols;
+          float* d = yf + b * rows * cols;
+          parallel_range((rows + 31) / 32, 8, [&](int64_t rb, int64_t re) {
+            const int64_t r0 = rb * 32, r1 = std::min(rows, re * 32), r8 = r0 + (r1 - r0) / 8 * 8;
+            const int64_t c8 = dequantize_transpose_u8_vector(s, rows, cols, r0, r1, qx.scale, qx.zp, d);
+            for (int64_t r = r0; r < r1; ++r) {
+              for (int64_t c = r < r8 ? c8 : 0; c < cols; ++c) d[c * rows + r] = qx.deq(s[r * cols + c]);
+            }
+          });
+        }
+        return;
+      }
       parallel_range(count, kGrain, [&](int64_t b, int64_t e) {
         for (int64_t i = b + dequantize_u8_vector(x + b, e - b, qx.scale, qx.zp, yf + b); i < e; ++i) {
           yf[i] = qx.deq(x[i]);

@@ -330,10 +330,9 @@ QPACK_AVX2 int64_t dequantize256(const uint8_t* x, int64_t n, float scale, int32
   return i;
 }
 
-// The 8 x 8 floats at s (rows ls apart) into d (rows ld apart), transposed.
-QPACK_AVX2 inline void transpose8x8(const float* s, int64_t ls, float* d, int64_t ld) {
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(s + i * ls);
+// The 8 x 8 floats of r (rows) into d (rows ld apart), transposed.
+QPACK_AVX2 inline void store_transposed8x8(__m256* r, float* d, int64_t ld) {
+  __m256 t[8];
   for (int i = 0; i < 8; i += 2) {
     t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -348,6 +347,25 @@ QPACK_AVX2 inline void transpose8x8(const float* s, int64_t ls, float* d, int64_
     _mm256_storeu_ps(d + i * ld, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
     _mm256_storeu_ps(d + (i + 4) * ld, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
   }
+}
+
+// The 8 x 8 floats at s (rows ls apart) into d (rows ld apart), transposed.
+QPACK_AVX2 inline void transpose8x8(const float* s, int64_t ls, float* d, int64_t ld) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(s + i * ls);
+  store_transposed8x8(r, d, ld);
+}
+
+// The 8 x 8 bytes at s (rows ls apart) dequantized, (x - zp) * scale as
+// dequantize256, into d (rows ld apart), transposed.
+QPACK_AVX2 inline void dequantize_transpose8x8(const uint8_t* s, int64_t ls, __m256 vs, __m256i vz, float* d,
+                                               int64_t ld) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + i * ls)));
+    r[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(v, vz)), vs);
+  }
+  store_transposed8x8(r, d, ld);
 }
 
 // Whole 8 x 8 blocks of rows [r0, r1) of s [rows][cols] into d [cols][rows].
@@ -366,7 +384,31 @@ QPACK_AVX2 void transpose256(const float* s, int64_t rows, int64_t cols, int64_t
   }
 }
 
+// transpose256's walk, u8 in, dequantized floats out.
+QPACK_AVX2 void dequantize_transpose256(const uint8_t* s, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
+                                        float scale, int32_t zp, float* d) {
+  const int64_t c8 = cols / 8 * 8, r8 = r0 + (r1 - r0) / 8 * 8;
+  const int64_t strip = cols > rows ? 64 : c8;
+  const __m256 vs = _mm256_set1_ps(scale);
+  const __m256i vz = _mm256_set1_epi32(zp);
+  for (int64_t cb = 0; cb < c8; cb += strip) {
+    const int64_t ce = std::min(c8, cb + strip);
+    for (int64_t r = r0; r < r8; r += 8) {
+      for (int64_t c = cb; c < ce; c += 8) {
+        dequantize_transpose8x8(s + r * cols + c, cols, vs, vz, d + c * rows + r, rows);
+      }
+    }
+  }
+}
+
 }  // namespace
+
+int64_t dequantize_transpose_u8_vector(const uint8_t* s, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
+                                       float scale, int32_t zero_point, float* d) {
+  if (isa_level() < 1 || cols < 8) return 0;
+  dequantize_transpose256(s, rows, cols, r0, r1, scale, zero_point, d);
+  return cols / 8 * 8;
+}
 
 int64_t dequantize_u8_vector(const uint8_t* x, int64_t n, float scale, int32_t zero_point, float* y) {
   return isa_level() >= 1 ? dequantize256(x, n, scale, zero_point, y) : 0;

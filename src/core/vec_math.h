@@ -55,6 +55,10 @@ int64_t dequantize_u8_vector(const uint8_t* x, int64_t n, float scale, int32_t z
 // with AVX2. Returns the columns done, 0 without AVX2 or below 8 columns; the
 // caller does the rest.
 int64_t transpose_f32_vector(const float* s, int64_t rows, int64_t cols, int64_t r0, int64_t r1, float* d);
+// transpose_f32_vector of u8 data dequantized on the way, (x - zero_point) *
+// scale as dequantize_u8_vector: the same whole blocks, the same return.
+int64_t dequantize_transpose_u8_vector(const uint8_t* s, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
+                                       float scale, int32_t zero_point, float* d);
 
 // y[i] = round_u8((x0[i] - z0) (x1[i] - z1) k, zy) (an equal-shape u8 mul;
 // the same operations as graph.cc's scalar loop): true when done (as

@@ -140,6 +140,43 @@ def test_f32_edge_transposes_without_vector_code_are_exact(threads):
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
+_DEQUANTIZE_TO_NCHW = """
+import sys, torch, qpack
+from qpack import _core
+qpack.set_num_threads(int(sys.argv[1]))
+gen = torch.Generator().manual_seed(11)
+for scale, zp in [(0.0371, 131), (1e-3, 0), (2.5, 255)]:
+    values = [("f32", 0, 0), ("u8", scale, zp), ("f32", 0, 0)]
+    g = _core.GraphHandle(values, [dict(kind="quantize", inputs=[0], output=1),
+                                   dict(kind="dequantize", inputs=[1], output=2)], [0], [2])
+    q = _core.GraphHandle(values[:2], [dict(kind="quantize", inputs=[0], output=1)], [0], [1])
+    for shape in [(1, 64, 56, 56), (2, 17, 5, 7), (1, 16, 1, 1), (1, 40, 3, 130), (3, 24, 9, 9), (1, 200, 8, 1)]:
+        x = torch.randn(*shape, generator=gen) * 100 * scale
+        b = torch.from_numpy(q.run([x.numpy()], ["nchw"], "nhwc")[0]).to(torch.int32)  # NHWC bytes
+        ref = ((b - zp).to(torch.float32) * torch.tensor(scale, dtype=torch.float32)).permute(0, 3, 1, 2)
+        nchw = torch.from_numpy(g.run([x.numpy()], ["nchw"], "nchw")[0])  # written NCHW by the node
+        assert nchw.shape == shape and torch.equal(nchw, ref), (scale, shape)
+        back = torch.from_numpy(g.run([x.numpy()], ["nchw"], "nhwc")[0])  # and transposed back
+        assert torch.equal(back, ref.permute(0, 2, 3, 1)), (scale, shape)
+        xl = x.permute(0, 2, 3, 1).contiguous().numpy()  # an NHWC input: the node writes NHWC
+        assert torch.equal(torch.from_numpy(g.run([xl], ["nhwc"], "nchw")[0]), ref), (scale, shape)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("vec", ["1", "0"])
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_dequantize_of_a_graph_output_to_nchw_is_exact(vec, threads):
+    """A dequantize whose output only the caller reads, in a graph given NCHW: it writes
+    NCHW itself, dequantizing on the way through the transpose (AVX2 8 x 8 blocks, element
+    loops at their edges; QPACK_VEC_MATH=0: elements only): (q - zero_point) * scale of the
+    same bytes, value for value, as given NHWC or transposed back."""
+    env = dict(os.environ, QPACK_VEC_MATH=vec)
+    r = subprocess.run([sys.executable, "-c", _DEQUANTIZE_TO_NCHW, threads], env=env, capture_output=True,
+                       text=True, cwd="/tmp")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 64, 1000, 100003])
 def test_dequantize_is_exact(n):
     """(q - zero_point) * scale in float, vector (AVX2, 8 a step) and tail alike."""
