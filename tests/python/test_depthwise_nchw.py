@@ -166,3 +166,20 @@ def test_planar_depthwise_bad_input_leaves_the_layer_usable():
     x = torch.randn(1, 8, 28, 28)
     with torch.no_grad():
         assert close(f(x), m(x))
+
+
+@pytest.mark.parametrize("k,s", [(3, 1), (3, 2), (5, 1)])
+def test_planar_depthwise_passes_nan_and_inf_as_pytorch(k, s):
+    """A NaN or inf in a plane reaches the outputs whose windows hold it, as in PyTorch
+    (the clamps keep NaN), on both kernels' paths (output planes from 28x28: on qpack's
+    kernel; oneDNN's fused clip turns NaN into a number)."""
+    torch.manual_seed(9)
+    m = nn.Sequential(nn.Conv2d(8, 8, k, stride=s, padding=k // 2, groups=8), nn.ReLU6()).eval()
+    x = torch.randn(1, 8, 64, 64)
+    x[0, 1, 10, 10], x[0, 2, 0, 63], x[0, 3, 20, 5] = float("nan"), float("inf"), -float("inf")
+    f = frozen(m)
+    with torch.no_grad():
+        ref, y = m(x), f(x)
+    assert torch.equal(y.isnan(), ref.isnan()) and torch.equal(y.isinf(), ref.isinf())
+    ok = ~ref.isnan()
+    assert close(y[ok], ref[ok])

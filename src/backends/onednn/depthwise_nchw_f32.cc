@@ -112,7 +112,7 @@ QPACK_DWN_TARGET inline void step(const float* q, int64_t row_in, float* out, in
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) {
-      const __m256 y = _mm256_min_ps(_mm256_max_ps(acc[r][v], lo), hi);
+      const __m256 y = _mm256_min_ps(hi, _mm256_max_ps(lo, acc[r][v]));  // NaN passes
       float* d = out + r * OW + v * 8;
       if (v == V - 1 && partial > 0) {
         alignas(32) float t[8];
@@ -260,7 +260,7 @@ QPACK_DWN_TARGET512 inline void tile3x3(const DepthwiseNchwF32& a, const float* 
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) {
-      const __m512 o = _mm512_min_ps(_mm512_max_ps(acc[r][v], lo), hi);
+      const __m512 o = _mm512_min_ps(hi, _mm512_max_ps(lo, acc[r][v]));  // NaN passes
       float* d = y + (oh + r) * a.OW + ow + v * 16;
       if (v == V - 1) {
         _mm512_mask_storeu_ps(d, last, o);

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "backends/onednn/gemm_f32.h"
+#include "backends/onednn/gemv_f32.h"
 #include "backends/onednn/gemv_u8.h"
 #include "backends/onednn/gemv_vnni.h"
 #include "backends/onednn/int8_split.h"
@@ -118,6 +119,14 @@ class OnednnLinear final : public LinearKernel {
  protected:
   void do_run_f32(int64_t M, const float* x, float* y) const override {
     if (spec_.mode == QPACK_MODE_F32) {
+      if (f32_nstride_ > 0 && M <= kGemvF32MaxRows) {
+        gemv_f32(GemvF32{x, M, spec_.K, spec_.N, static_cast<const float*>(packed_.get_data_handle()),
+                         f32_nstride_, f32_kstride_, spec_.bias.empty() ? nullptr : spec_.bias.data(),
+                         spec_.clamp_min, spec_.clamp_max, y},
+                 num_threads());
+        count_own_run();
+        return;
+      }
       if (own_f32_ && gemm_f32_fits(M, spec_.K)) {
         gemm_f32(GemmF32{x, M, spec_.K, spec_.N, static_cast<const float*>(packed_.get_data_handle()),
                          spec_.bias.empty() ? nullptr : spec_.bias.data(), spec_.clamp_min,
@@ -174,6 +183,12 @@ class OnednnLinear final : public LinearKernel {
       weight_sums_.resize(static_cast<size_t>(spec_.N));
       gemv_u8_weight_sums(static_cast<const int8_t*>(packed_.get_data_handle()), spec_.N, spec_.K,
                           weight_sums_.data());
+    }
+    // fp32 with AVX-512, packed for oneDNN's brgemm: few rows on gemv_f32.h
+    if (own_enabled("QPACK_ONEDNN_OWN_GEMM") && spec_.mode == QPACK_MODE_F32 &&
+        !gemv_f32_layout(BlockedLayout::of(packed_.get_desc(), false), spec_.K, spec_.N, &f32_nstride_,
+                         &f32_kstride_)) {
+      f32_nstride_ = f32_kstride_ = 0;
     }
     // int8 with AVX-512 VNNI, packed for oneDNN's brgemm: few rows on gemv_vnni.h
     if (own_enabled("QPACK_ONEDNN_OWN_GEMM") && spec_.int8() && isa_has_avx512_vnni() &&
@@ -338,6 +353,7 @@ class OnednnLinear final : public LinearKernel {
 
   std::vector<int32_t> weight_sums_;  // per output, where few rows run on gemv_u8.h / gemv_vnni.h
   int64_t vnni_nstride_ = 0, vnni_kstride_ = 0;  // gemv_vnni.h's layout, where it runs
+  int64_t f32_nstride_ = 0, f32_kstride_ = 0;    // gemv_f32.h's layout, where it runs
   bool own_f32_ = false;  // fp32 packed "ba" with AVX2: few rows run on gemm_f32.h
   mutable std::atomic<bool> own_ran_{false};  // gemv_u8 / gemm_f32 ran once
   PrimCache<Prim> prims_{counters_, kMaxPrims};

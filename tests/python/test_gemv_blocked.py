@@ -1,8 +1,9 @@
-"""int8 linears of up to 8 rows on qpack's VNNI kernel (src/backends/onednn/gemv_vnni.h,
-where the CPU has AVX-512 VNNI; elsewhere these compare oneDNN with itself or with
-gemv_u8): the same values as oneDNN's matmul on the same packed weight
-(QPACK_ONEDNN_OWN_GEMM=0 when the layer is frozen), static within one output quantum,
-dynamic within float rounding; batches above 8 rows, file round trips and threads."""
+"""Linears of a few rows on qpack's kernels over oneDNN's brgemm weight layouts: int8 up
+to 8 rows on gemv_vnni.h (AVX-512 VNNI), fp32 up to 4 rows on gemv_f32.h (AVX-512);
+elsewhere these compare oneDNN with itself or with the AVX2 kernels. The same values as
+oneDNN's matmul on the same packed weight (QPACK_ONEDNN_OWN_GEMM=0 when the layer is
+frozen): static int8 within one output quantum, dynamic int8 and fp32 within float
+rounding; batches above the kernels' rows, file round trips and threads."""
 import itertools
 import os
 
@@ -94,3 +95,40 @@ def test_released_weights_unpack_exactly_after_kernel_runs():
         f(torch.randn(7, 96))
     w2 = p.unpack()  # (int8 weight, scales...)
     assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(w2, w))
+
+
+F32_CASES = list(itertools.product([3, 17, 64, 100, 1280], [1, 63, 64, 130, 1000], [1, 2, 3, 4, 5]))
+
+
+@pytest.mark.parametrize("k,n,m", F32_CASES, ids=lambda v: str(v))
+def test_f32_rows_match_onednn(k, n, m):
+    torch.manual_seed(k * 13 + n * 5 + m)
+    model = nn.Sequential(nn.Linear(k, n, bias=(n % 2 == 0)), nn.ReLU6()).eval()
+    x = torch.randn(m, k) * 2
+    own, ref = freeze(model, None, None), freeze(model, None, None, own=False)
+    with torch.no_grad():
+        a, b, r = own(x), ref(x), model(x)
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, b.abs().max().item()))
+    assert torch.allclose(a, r, rtol=1e-4, atol=1e-4 * max(1.0, r.abs().max().item()))
+
+
+def test_f32_rows_threads_and_file_round_trip(tmp_path):
+    torch.manual_seed(8)
+    model = nn.Sequential(nn.Linear(1280, 1000)).eval()
+    x = torch.randn(2, 1280)
+    with torch.no_grad():
+        r = model(x)
+    old = qpack.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            qpack.set_num_threads(threads)
+            f = freeze(model, None, None, retain=False)
+            with torch.no_grad():
+                a = f(x)
+            assert torch.allclose(a, r, rtol=1e-4, atol=1e-4)
+    finally:
+        qpack.set_num_threads(old)
+    path = tmp_path / "f.qpk"
+    qpack.save(f, path)
+    with torch.no_grad():
+        assert torch.equal(qpack.load(path)(x), a)
