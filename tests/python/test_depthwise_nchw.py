@@ -1,10 +1,13 @@
 """fp32 depthwise convolutions on planar data (src/backends/onednn/depthwise_nchw_f32.h):
-a graph's NCHW float input read by a depthwise convolution of output planes from 28x28
-is read in place and its output written NCHW, on qpack's kernel, without transposes.
+a graph's NCHW float input read by a depthwise convolution of large output planes (from
+28x28 on the AVX-512 3x3 path, from 56x56 on the AVX2 one) is read in place and its
+output written NCHW, on qpack's kernel, without transposes; smaller ones keep oneDNN's
+kernel. Run also with ONEDNN_MAX_CPU_ISA=AVX2 for the AVX2 path everywhere.
 PyTorch is the oracle; oneDNN's channels-last kernel (QPACK_ONEDNN_OWN_DEPTHWISE=0 when
 the layer is frozen) gives the same values."""
-import itertools
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -34,8 +37,8 @@ def close(a, b, tol=1e-4):
 # direct path), and strides, dilations, other windows and paddings (the padded-copy path)
 SHAPES = [
     (8, 28, 28, 3, 1, 1, 1), (17, 56, 61, 3, 1, 1, 1), (16, 30, 45, 3, 1, 0, 1), (5, 33, 29, 3, 1, 2, 1),
-    (8, 57, 57, 3, 2, 1, 1), (16, 112, 112, 3, 2, 1, 1), (8, 40, 40, 3, 1, 2, 2), (8, 40, 37, 5, 1, 2, 1),
-    (8, 61, 58, 5, 2, 2, 1), (3, 31, 64, 1, 1, 0, 1), (8, 64, 64, 7, 1, 3, 1), (8, 60, 63, 3, 2, 0, 2),
+    (8, 113, 115, 3, 2, 1, 1), (16, 112, 112, 3, 2, 1, 1), (8, 60, 60, 3, 1, 2, 2), (8, 60, 57, 5, 1, 2, 1),
+    (8, 121, 118, 5, 2, 2, 1), (3, 57, 64, 1, 1, 0, 1), (8, 64, 64, 7, 1, 3, 1), (8, 120, 123, 3, 2, 0, 2),
 ]
 
 
@@ -172,14 +175,38 @@ def test_planar_depthwise_bad_input_leaves_the_layer_usable():
 def test_planar_depthwise_passes_nan_and_inf_as_pytorch(k, s):
     """A NaN or inf in a plane reaches the outputs whose windows hold it, as in PyTorch
     (the clamps keep NaN), on both kernels' paths (output planes from 28x28: on qpack's
-    kernel; oneDNN's fused clip turns NaN into a number)."""
+    kernel, where output planes are at least 28x28 (AVX-512 3x3) or 56x56; oneDNN's fused
+    clip turns NaN into a number)."""
     torch.manual_seed(9)
     m = nn.Sequential(nn.Conv2d(8, 8, k, stride=s, padding=k // 2, groups=8), nn.ReLU6()).eval()
-    x = torch.randn(1, 8, 64, 64)
-    x[0, 1, 10, 10], x[0, 2, 0, 63], x[0, 3, 20, 5] = float("nan"), float("inf"), -float("inf")
+    x = torch.randn(1, 8, 112, 112)
+    x[0, 1, 10, 10], x[0, 2, 0, 111], x[0, 3, 20, 5] = float("nan"), float("inf"), -float("inf")
     f = frozen(m)
     with torch.no_grad():
         ref, y = m(x), f(x)
     assert torch.equal(y.isnan(), ref.isnan()) and torch.equal(y.isinf(), ref.isinf())
     ok = ~ref.isnan()
     assert close(y[ok], ref[ok])
+
+
+_AVX2_PATH = """
+import sys, torch, qpack
+from torch import nn
+sys.path.insert(0, sys.argv[1])
+import test_depthwise_nchw as T
+for shape in T.SHAPES:
+    for act in (None, "relu6"):
+        T.test_planar_depthwise_matches_pytorch_and_onednn(shape, act)
+T.test_planar_depthwise_passes_nan_and_inf_as_pytorch(3, 1)
+T.test_planar_depthwise_passes_nan_and_inf_as_pytorch(3, 2)
+print("ok")
+"""
+
+
+def test_planar_depthwise_avx2_path():
+    """ONEDNN_MAX_CPU_ISA=AVX2 (read once per process): the AVX2 path for every window,
+    as on a CPU without AVX-512, against PyTorch and oneDNN's AVX2 kernels."""
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2")
+    r = subprocess.run([sys.executable, "-c", _AVX2_PATH, os.path.dirname(__file__)], env=env,
+                       capture_output=True, text=True, cwd="/tmp")
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr

@@ -288,28 +288,19 @@ class OnednnConv final : public ConvKernel {
   }
 
   bool fast_on_nchw_f32(const ConvShape& s) const override {
-    float lo, hi;
-    return own_ == OwnKernel::depthwise_nchw_f32 && std::atomic_load(&packed_)->own == own_ &&
-           depthwise_nchw_f32_faster(s.OH, s.OW) && nchw_clamp(s, &lo, &hi);
+    DepthwiseNchwF32 a;
+    return planar(s, *std::atomic_load(&packed_), nullptr, nullptr, &a) && depthwise_nchw_f32_faster(a);
   }
 
  protected:
   void do_run_f32(const ConvShape& s, const float* x, float* y) const override {
-    float lo, hi;
-    if (own_ == OwnKernel::depthwise_nchw_f32 && s.x_layout == QPACK_LAYOUT_NCHW &&
-        s.y_layout == QPACK_LAYOUT_NCHW && depthwise_nchw_f32_faster(s.OH, s.OW) && nchw_clamp(s, &lo, &hi)) {
-      auto packed = std::atomic_load(&packed_);
-      if (packed->own == own_) {
-        depthwise_nchw_f32(DepthwiseNchwF32{x, y, s.N, spec_.OC, s.H, s.W, s.OH, s.OW, spec_.KH, spec_.KW,
-                                            spec_.stride_h, spec_.stride_w, spec_.pad_t, spec_.pad_l,
-                                            spec_.dil_h, spec_.dil_w,
-                                            static_cast<const float*>(packed->mem.get_data_handle()),
-                                            packed->wblock, packed->cstride, packed->tap_h, packed->tap_w,
-                                            spec_.bias.empty() ? nullptr : spec_.bias.data(), lo, hi},
-                           num_threads());
-        counters_.hit();
-        return;
-      }
+    DepthwiseNchwF32 a;
+    auto packed = std::atomic_load(&packed_);
+    if (s.x_layout == QPACK_LAYOUT_NCHW && s.y_layout == QPACK_LAYOUT_NCHW && planar(s, *packed, x, y, &a) &&
+        depthwise_nchw_f32_faster(a)) {
+      depthwise_nchw_f32(a, num_threads());
+      counters_.hit();
+      return;
     }
     execute_conv(s, const_cast<float*>(x), y, nullptr, false);
   }
@@ -359,20 +350,28 @@ class OnednnConv final : public ConvKernel {
  private:
   static constexpr int64_t kPackSize = 28;
 
-  // The layer's clamp and the run's activation as one clamp [lo, hi] (what
-  // depthwise_nchw_f32 applies); false for an activation that is no clamp.
-  bool nchw_clamp(const ConvShape& s, float* lo, float* hi) const {
-    *lo = spec_.clamp_min;
-    *hi = spec_.clamp_max;
+  // depthwise_nchw_f32's arguments for shape s on `packed`: false where it
+  // cannot run it (another kernel, a layout it does not read, an activation
+  // that is no clamp). The layer's clamp and the run's activation become one
+  // clamp [lo, hi].
+  bool planar(const ConvShape& s, const Packed& packed, const float* x, float* y, DepthwiseNchwF32* a) const {
+    if (own_ != OwnKernel::depthwise_nchw_f32 || packed.own != own_) return false;
+    float lo = spec_.clamp_min, hi = spec_.clamp_max;
     switch (s.post_act) {
-      case QPACK_ACT_NONE: return true;
-      case QPACK_ACT_RELU: *lo = std::max(*lo, 0.0f); *hi = std::max(*hi, 0.0f); return true;
+      case QPACK_ACT_NONE: break;
+      case QPACK_ACT_RELU: lo = std::max(lo, 0.0f); hi = std::max(hi, 0.0f); break;
       case QPACK_ACT_CLAMP:
-        *lo = std::min(std::max(*lo, s.post_min), s.post_max);
-        *hi = std::max(std::min(*hi, s.post_max), s.post_min);
-        return true;
+        lo = std::min(std::max(lo, s.post_min), s.post_max);
+        hi = std::max(std::min(hi, s.post_max), s.post_min);
+        break;
       default: return false;
     }
+    *a = DepthwiseNchwF32{x, y, s.N, spec_.OC, s.H, s.W, s.OH, s.OW, spec_.KH, spec_.KW, spec_.stride_h,
+                          spec_.stride_w, spec_.pad_t, spec_.pad_l, spec_.dil_h, spec_.dil_w,
+                          static_cast<const float*>(packed.mem.get_data_handle()), packed.wblock,
+                          packed.cstride, packed.tap_h, packed.tap_w,
+                          spec_.bias.empty() ? nullptr : spec_.bias.data(), lo, hi};
+    return true;
   }
   static constexpr size_t kMaxPrims = 16;
   // A shape whose best kernel wants another weight layout re-packs the shared

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "backends/onednn/own_u8.h"
+#include "backends/onednn/runtime.h"
 #include "core/parallel.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -310,9 +311,11 @@ QPACK_DWN_TARGET512 void planes3x3_512(const DepthwiseNchwF32& a, int64_t p0, in
   }
 }
 
+// AVX-512 where the CPU has it and oneDNN may use it (ONEDNN_MAX_CPU_ISA=AVX2
+// runs the AVX2 path, as on a CPU without it).
 bool has_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f");
-  return yes;
+  static const bool cpu = __builtin_cpu_supports("avx512f");
+  return cpu && isa_has_avx512_core();
 }
 
 }  // namespace
@@ -321,12 +324,21 @@ bool depthwise_nchw_f32_fits(int64_t KH, int64_t KW, int64_t SW) {
   return own_avx2_available() && KH * KW <= kMaxTaps && (SW == 1 || SW == 2);
 }
 
-bool depthwise_nchw_f32_faster(int64_t OH, int64_t OW) { return OH * OW >= 28 * 28; }
+namespace {
+
+bool direct_512(const DepthwiseNchwF32& a) {
+  return a.KH == 3 && a.KW == 3 && a.SH == 1 && a.SW == 1 && a.DH == 1 && a.DW == 1 && has_avx512();
+}
+
+}  // namespace
+
+bool depthwise_nchw_f32_faster(const DepthwiseNchwF32& a) {
+  return a.OH * a.OW >= (direct_512(a) ? 28 * 28 : 56 * 56);
+}
 
 void depthwise_nchw_f32(const DepthwiseNchwF32& a, int threads) {
   if (a.OH <= 0 || a.OW <= 0) return;
-  const bool k3s1 = a.KH == 3 && a.KW == 3 && a.SH == 1 && a.SW == 1 && a.DH == 1 && a.DW == 1;
-  if (k3s1 && has_avx512()) {
+  if (direct_512(a)) {
     parallel_chunks(a.N * a.C, 2, threads, [&](int, int64_t p0, int64_t p1) { planes3x3_512(a, p0, p1); });
     return;
   }
@@ -336,7 +348,7 @@ void depthwise_nchw_f32(const DepthwiseNchwF32& a, int threads) {
 #else  // not x86-64: oneDNN runs
 
 bool depthwise_nchw_f32_fits(int64_t, int64_t, int64_t) { return false; }
-bool depthwise_nchw_f32_faster(int64_t, int64_t) { return false; }
+bool depthwise_nchw_f32_faster(const DepthwiseNchwF32&) { return false; }
 void depthwise_nchw_f32(const DepthwiseNchwF32&, int) {}
 
 #endif

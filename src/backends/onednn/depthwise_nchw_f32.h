@@ -38,13 +38,15 @@ struct DepthwiseNchwF32 {
 // True when this CPU has AVX2 and FMA and the kernel takes the window: at
 // most 64 taps, stride 1 or 2 along the width (any along the height).
 bool depthwise_nchw_f32_fits(int64_t KH, int64_t KW, int64_t SW);
-// True for output planes of this size, where it measured faster than
-// oneDNN's channels-last kernel with the transposes around it (Zen 4, one
-// thread, NCHW float in and out, interleaved in one process: 3x3 x144 @56²
-// 0.64-0.74x the time, x192 @28² 0.77-0.81x, x96 @112² stride 2 0.54x;
-// from 14² out down it was not: x576 @14² 1.01x, x144 @28² stride 2 1.64x,
-// x960 @7² 1.76x; a plane's rows are then too short for its vectors).
-bool depthwise_nchw_f32_faster(int64_t OH, int64_t OW);
+// True for problems where it measured faster than oneDNN's channels-last
+// kernel with the transposes around it (one thread, NCHW float in and out,
+// interleaved in one process, Zen 4): output planes from 28x28 on the
+// AVX-512 path (3x3 x144 @56² 0.64-0.74x the time, x192 @28² 0.77-0.81x;
+// x576 @14² 1.01x, x960 @7² 1.76x: a plane's rows are then too short for
+// its vectors), from 56x56 on the AVX2 path (ONEDNN_MAX_CPU_ISA=AVX2, both
+// sides: x144 @56² 0.80x, x96 @112² stride 2 0.54-0.89x (0.63x on AVX2);
+// x192 @28² 1.16x, x144 @28² stride 2 1.64x).
+bool depthwise_nchw_f32_faster(const DepthwiseNchwF32& a);
 // Runs the convolution on `threads` threads (channel planes split evenly).
 void depthwise_nchw_f32(const DepthwiseNchwF32& a, int threads);
 

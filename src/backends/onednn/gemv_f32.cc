@@ -14,7 +14,12 @@ namespace qpack {
 namespace onednn_rt {
 
 bool gemv_f32_layout(const BlockedLayout& l, int64_t K, int64_t N, int64_t* nstride, int64_t* kstride) {
-  if (!own_u8_available() || l.data_type != static_cast<uint32_t>(dnnl::memory::data_type::f32) ||
+#ifdef QPACK_GEMV_F32_X86
+  static const bool cpu = __builtin_cpu_supports("avx512f");
+#else
+  const bool cpu = false;
+#endif
+  if (!cpu || !isa_has_avx512_core() || l.data_type != static_cast<uint32_t>(dnnl::memory::data_type::f32) ||
       l.ndims != 2 || l.dims[0] != K || l.dims[1] != N || l.nblks != 2 || l.blks[0] != 16 ||
       l.blks[1] != 64 || l.idxs[0] != 0 || l.idxs[1] != 1) {
     return false;

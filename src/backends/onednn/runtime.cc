@@ -96,6 +96,10 @@ bool isa_has_avx512_vnni() {
   }
 }
 
+bool isa_has_avx512_core() {
+  return dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core || isa_has_avx512_vnni();
+}
+
 bool isa_has_avx2() {
   switch (dnnl::get_effective_cpu_isa()) {
     case dnnl::cpu_isa::avx2:

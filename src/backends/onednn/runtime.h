@@ -50,6 +50,8 @@ bool isa_has_vnni();
 bool isa_has_avx512_vnni();
 // True when the effective ISA is AVX2 or above (AVX2 VNNI, AVX-512).
 bool isa_has_avx2();
+// True when the effective ISA is AVX-512 (core, or with VNNI and beyond).
+bool isa_has_avx512_core();
 // Applies qpack's thread count to the calling thread's OpenMP team.
 void apply_num_threads();
 std::string describe();
