@@ -118,6 +118,13 @@ cdef class Conv2dHandle:
         check_status(st)
         return w, (b if self.has_bias else None)
 
+    @property
+    def closed(self):
+        """info()["closed"] without the dict (a frozen layer asks on every call)."""
+        cdef qpack_conv2d_info i
+        check_status(qpack_conv2d_get_info(self._h, &i))
+        return bool(i.closed)
+
     def info(self):
         cdef qpack_conv2d_info i
         check_status(qpack_conv2d_get_info(self._h, &i))

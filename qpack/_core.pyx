@@ -259,6 +259,13 @@ cdef class LinearHandle:
         check_status(st)
         return w, (b if self.has_bias else None)
 
+    @property
+    def closed(self):
+        """info()["closed"] without the dict (a frozen layer asks on every call)."""
+        cdef qpack_linear_info i
+        check_status(qpack_linear_get_info(self._h, &i))
+        return bool(i.closed)
+
     def info(self):
         cdef qpack_linear_info i
         check_status(qpack_linear_get_info(self._h, &i))

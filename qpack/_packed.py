@@ -298,7 +298,7 @@ class PackedOp:
 
     @property
     def closed(self):
-        return self._h.info()["closed"]
+        return self._h.closed
 
     def __enter__(self):
         if self.closed:

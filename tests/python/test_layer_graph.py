@@ -193,3 +193,14 @@ def test_threads_share_one_layer_graph():
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         assert all(pool.map(work, range(4)))
     assert _runs(f) == 4 + 100
+
+
+def test_handle_closed_flag_follows_the_core():
+    """PackedOp.closed reads the handle's cheap `closed` property (asked on every call of a
+    frozen layer): the same as info()["closed"] before and after close, for both kinds."""
+    lin = qpack.PackedLinear(torch.randn(4, 8))
+    conv = qpack.PackedConv2d(torch.randn(4, 2, 3, 3))
+    for p in (lin, conv):
+        assert p._h.closed is False and p._h.info()["closed"] is False and not p.closed
+        p.close()
+        assert p._h.closed is True and p._h.info()["closed"] is True and p.closed
