@@ -468,6 +468,9 @@ bool activate_f32_vector(qpack_activation, const float*, float*, int64_t) { retu
 int64_t quantize_u8_vector(const float*, int64_t, float, float, uint8_t*) { return 0; }
 int64_t dequantize_u8_vector(const uint8_t*, int64_t, float, int32_t, float*) { return 0; }
 int64_t transpose_f32_vector(const float*, int64_t, int64_t, int64_t, int64_t, float*) { return 0; }
+int64_t dequantize_transpose_u8_vector(const uint8_t*, int64_t, int64_t, int64_t, int64_t, float, int32_t, float*) {
+  return 0;
+}
 int64_t affine2_u8_vector(const uint8_t*, const uint8_t*, int64_t, float, float, float, uint8_t,
                           uint8_t, uint8_t*) {
   return 0;
