@@ -1081,29 +1081,29 @@ GraphPlan Graph::make_plan(const qpack_tensor* inputs) const {
     p.nchw[inputs_[i]] = nchw && direct;
     p.external[inputs_[i]] = !nchw || direct;
   }
-  // A convolution fast on planar data whose input is NCHW and whose output
-  // only the caller reads writes it NCHW too.
-  for (const auto& n : nodes_) {
-    if (n.kind != QPACK_NODE_CONV2D || !p.nchw[n.in[0]] || !planar_conv(n, p.shapes)) continue;
-    bool read = false;
-    for (const auto& m : nodes_) read = read || std::find(m.in.begin(), m.in.end(), n.out) != m.in.end();
-    p.nchw[n.out] = !read;
-  }
   p.on_backend.assign(nodes_.size(), false);
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const GraphNode& n = nodes_[i];
     p.on_backend[i] = n.backend_op && n.backend_op->accepts(p.shapes[n.in[0]], p.shapes[n.out]);
   }
-  // A dequantize whose output only the caller reads writes it NCHW, transposing
-  // on the way (one pass instead of two), where no input came channels-last
-  // (then the caller wants NCHW out: qpack/torch/graph.py's _run_handle).
+  // Outputs only the caller reads that their node writes NCHW itself: a
+  // convolution's fast on planar data whose input is NCHW; a dequantize's,
+  // transposing on the way (one pass instead of two), where no input came
+  // channels-last (then the caller wants NCHW out: qpack/torch/graph.py's
+  // _run_handle).
+  auto caller_only = [&](int v) {
+    for (const auto& m : nodes_) {
+      if (std::find(m.in.begin(), m.in.end(), v) != m.in.end()) return false;
+    }
+    return true;
+  };
   const bool planar_in = std::find(p.input_layouts.begin(), p.input_layouts.end(), QPACK_LAYOUT_NHWC) ==
                          p.input_layouts.end();
   for (const auto& n : nodes_) {
-    if (n.kind != QPACK_NODE_DEQUANTIZE || !planar_in || p.shapes[n.out].rank != 4 || p.nchw[n.in[0]]) continue;
-    bool read = false;
-    for (const auto& m : nodes_) read = read || std::find(m.in.begin(), m.in.end(), n.out) != m.in.end();
-    p.nchw[n.out] = !read;
+    const bool conv = n.kind == QPACK_NODE_CONV2D && p.nchw[n.in[0]] && planar_conv(n, p.shapes);
+    const bool dequantize = n.kind == QPACK_NODE_DEQUANTIZE && planar_in && p.shapes[n.out].rank == 4 &&
+                            !p.nchw[n.in[0]];
+    if (conv || dequantize) p.nchw[n.out] = caller_only(n.out);
   }
   // A quantize of an NCHW input of few channels (an image's 3) whose readers
   // are all convolutions keeps NCHW: the convolution converts u8 (oneDNN's

@@ -368,37 +368,39 @@ QPACK_AVX2 inline void dequantize_transpose8x8(const uint8_t* s, int64_t ls, __m
   store_transposed8x8(r, d, ld);
 }
 
-// Whole 8 x 8 blocks of rows [r0, r1) of s [rows][cols] into d [cols][rows].
-// A wide matrix (NCHW -> NHWC: few rows of many values) goes by 64-column
-// strips, so the 64 destination rows being filled stay in L1; a tall one by
-// rows of blocks across all columns (Zen 4, one thread, against SSE2 4 x 4
-// blocks: 144 x 3136 91 -> 62 us, 3136 x 144 80 -> 55, 32 x 12544 93 -> 44).
-QPACK_AVX2 void transpose256(const float* s, int64_t rows, int64_t cols, int64_t r0, int64_t r1, float* d) {
+// Whole 8 x 8 blocks of rows [r0, r1) of a [rows][cols] matrix, block(r, c)
+// for each, in the order the transposes write [cols][rows] fastest: a wide
+// matrix (NCHW -> NHWC: few rows of many values) by 64-column strips, so the
+// 64 destination rows being filled stay in L1; a tall one by rows of blocks
+// across all columns (Zen 4, one thread, against SSE2 4 x 4 blocks: 144 x
+// 3136 91 -> 62 us, 3136 x 144 80 -> 55, 32 x 12544 93 -> 44).
+template <typename Block>
+QPACK_AVX2 inline void for_blocks8x8(int64_t rows, int64_t cols, int64_t r0, int64_t r1, const Block& block) {
   const int64_t c8 = cols / 8 * 8, r8 = r0 + (r1 - r0) / 8 * 8;
   const int64_t strip = cols > rows ? 64 : c8;
   for (int64_t cb = 0; cb < c8; cb += strip) {
     const int64_t ce = std::min(c8, cb + strip);
     for (int64_t r = r0; r < r8; r += 8) {
-      for (int64_t c = cb; c < ce; c += 8) transpose8x8(s + r * cols + c, cols, d + c * rows + r, rows);
+      for (int64_t c = cb; c < ce; c += 8) block(r, c);
     }
   }
 }
 
-// transpose256's walk, u8 in, dequantized floats out.
+// Rows [r0, r1) of s [rows][cols] into d [cols][rows], whole 8 x 8 blocks.
+QPACK_AVX2 void transpose256(const float* s, int64_t rows, int64_t cols, int64_t r0, int64_t r1, float* d) {
+  for_blocks8x8(rows, cols, r0, r1, [&](int64_t r, int64_t c) QPACK_AVX2 {
+    transpose8x8(s + r * cols + c, cols, d + c * rows + r, rows);
+  });
+}
+
+// transpose256 of u8 data, dequantized on the way.
 QPACK_AVX2 void dequantize_transpose256(const uint8_t* s, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
                                         float scale, int32_t zp, float* d) {
-  const int64_t c8 = cols / 8 * 8, r8 = r0 + (r1 - r0) / 8 * 8;
-  const int64_t strip = cols > rows ? 64 : c8;
   const __m256 vs = _mm256_set1_ps(scale);
   const __m256i vz = _mm256_set1_epi32(zp);
-  for (int64_t cb = 0; cb < c8; cb += strip) {
-    const int64_t ce = std::min(c8, cb + strip);
-    for (int64_t r = r0; r < r8; r += 8) {
-      for (int64_t c = cb; c < ce; c += 8) {
-        dequantize_transpose8x8(s + r * cols + c, cols, vs, vz, d + c * rows + r, rows);
-      }
-    }
-  }
+  for_blocks8x8(rows, cols, r0, r1, [&](int64_t r, int64_t c) QPACK_AVX2 {
+    dequantize_transpose8x8(s + r * cols + c, cols, vs, vz, d + c * rows + r, rows);
+  });
 }
 
 }  // namespace

@@ -29,6 +29,11 @@ namespace {
 
 constexpr int64_t kMaxTaps = 64;
 
+// Channel c's tap (0, 0); tap (kh, kw) is kh * wsh + kw * wsw on from it.
+inline const float* channel_weights(const DepthwiseNchwF32& a, int64_t c) {
+  return a.w + (a.cblock > 0 ? (c / a.cblock) * a.cstride + c % a.cblock : c * a.cstride);
+}
+
 // The padded plane: row r is input row r - PT, column q input column q - PL,
 // zeros outside the input. Wide enough for the last 8-pixel step of a row to
 // read whole vectors, rounded up to whole vectors.
@@ -185,7 +190,7 @@ QPACK_DWN_TARGET void planes(const DepthwiseNchwF32& a, int64_t p0, int64_t p1) 
   for (int64_t p = p0; p < p1; ++p, c = c + 1 == a.C ? 0 : c + 1) {
     float* P = buf + ((p - p0) & 1) * floats;
     if (p + 1 < p1) fill_padded(a, a.x + (p + 1) * a.H * a.W, pad, buf + ((p + 1 - p0) & 1) * floats);
-    const float* wc = a.w + (a.cblock > 0 ? (c / a.cblock) * a.cstride + c % a.cblock : c * a.cstride);
+    const float* wc = channel_weights(a, c);
     for (int64_t kh = 0; kh < a.KH; ++kh) {
       for (int64_t kw = 0; kw < a.KW; ++kw) w[kh * a.KW + kw] = wc[kh * a.wsh + kw * a.wsw];
     }
@@ -208,14 +213,6 @@ QPACK_DWN_TARGET void planes(const DepthwiseNchwF32& a, int64_t p0, int64_t p1) 
 // stored under a mask (AVX-512's masked moves are no microcode).
 #define QPACK_DWN_TARGET512 __attribute__((target("avx512f")))
 
-// lanes [lo, hi) of 16, clipped
-inline uint32_t lanes(int64_t lo, int64_t hi) {
-  lo = std::max<int64_t>(lo, 0);
-  hi = std::min<int64_t>(hi, 16);
-  if (hi <= lo) return 0;
-  return ((1u << hi) - 1) & ~((1u << lo) - 1);
-}
-
 template <int R, int V>
 QPACK_DWN_TARGET512 inline void tile3x3(const DepthwiseNchwF32& a, const float* x, int64_t oh, int64_t ow,
                                         float* y, const __m512* w, __m512 bias, __m512 lo, __m512 hi) {
@@ -230,7 +227,7 @@ QPACK_DWN_TARGET512 inline void tile3x3(const DepthwiseNchwF32& a, const float* 
   for (int kw = 0; kw < 3; ++kw) {
     for (int v = 0; v < V; ++v) {
       const int64_t c0 = ow + 16 * v + kw - a.PL;
-      cols[kw][v] = lanes(-c0, std::min(a.W, a.OW + kw - a.PL) - c0);
+      cols[kw][v] = lanes16(-c0, std::min(a.W, a.OW + kw - a.PL) - c0);
     }
   }
   const int64_t ih0 = oh - a.PT;
@@ -256,7 +253,7 @@ QPACK_DWN_TARGET512 inline void tile3x3(const DepthwiseNchwF32& a, const float* 
       }
     }
   }
-  const __mmask16 last = _cvtu32_mask16(lanes(0, a.OW - ow - 16 * (V - 1)));
+  const __mmask16 last = _cvtu32_mask16(lanes16(0, a.OW - ow - 16 * (V - 1)));
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
@@ -289,7 +286,7 @@ QPACK_DWN_TARGET512 void planes3x3_512(const DepthwiseNchwF32& a, int64_t p0, in
   __m512 w[9];
   int64_t c = p0 % a.C;
   for (int64_t p = p0; p < p1; ++p, c = c + 1 == a.C ? 0 : c + 1) {
-    const float* wc = a.w + (a.cblock > 0 ? (c / a.cblock) * a.cstride + c % a.cblock : c * a.cstride);
+    const float* wc = channel_weights(a, c);
     for (int64_t kh = 0; kh < 3; ++kh) {
       for (int64_t kw = 0; kw < 3; ++kw) w[kh * 3 + kw] = _mm512_set1_ps(wc[kh * a.wsh + kw * a.wsw]);
     }

@@ -24,9 +24,10 @@ bool gemv_f32_layout(const BlockedLayout& l, int64_t K, int64_t N, int64_t* nstr
       l.blks[1] != 64 || l.idxs[0] != 0 || l.idxs[1] != 1) {
     return false;
   }
+  if (l.strides[0] < 1024 || l.strides[1] < 1024) return false;
   *kstride = l.strides[0];
   *nstride = l.strides[1];
-  return *kstride >= 1024 && *nstride >= 1024;
+  return true;
 }
 
 #ifdef QPACK_GEMV_F32_X86
@@ -67,8 +68,7 @@ QPACK_GEMV_F32_TARGET void block(const GemvF32& a, const float* x, int64_t nb, f
   for (int j = 0; j < 4; ++j) {
     const int64_t n0 = nb * 64 + 16 * j;
     if (n0 >= a.N) break;
-    const int64_t left = std::min<int64_t>(16, a.N - n0);
-    const __mmask16 m = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+    const __mmask16 m = _cvtu32_mask16(lanes16(0, a.N - n0));
     const __m512 b = a.bias != nullptr ? _mm512_maskz_loadu_ps(m, a.bias + n0) : _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {

@@ -31,7 +31,7 @@ struct GemvF32 {
   float* y;           // [M][N]
 };
 
-// True, with the two strides (in floats), when `layout` is that blocking of a
+// True, with the two strides (in floats; left as they are otherwise), when `layout` is that blocking of a
 // [K, N] f32 weight; false without AVX-512 (the CPU's, and isa_has_avx512_core()).
 bool gemv_f32_layout(const BlockedLayout& layout, int64_t K, int64_t N, int64_t* nstride, int64_t* kstride);
 // y = clamp(x w + bias); 64-output blocks split over `threads` threads.

@@ -28,9 +28,10 @@ bool gemv_vnni_layout(const BlockedLayout& l, int64_t K, int64_t N, int64_t* nst
       l.blks[1] != 64 || l.blks[2] != 4 || l.idxs[0] != 0 || l.idxs[1] != 1 || l.idxs[2] != 0) {
     return false;
   }
+  if (l.strides[0] < 4096 || l.strides[1] < 4096) return false;
   *kstride = l.strides[0];
   *nstride = l.strides[1];
-  return *kstride >= 4096 && *nstride >= 4096;
+  return true;
 }
 
 void gemv_vnni_weight_sums(const GemvVnni& a, int32_t* sums) {
@@ -94,8 +95,7 @@ QPACK_VNNI_TARGET void block(const GemvVnni& a, const uint8_t* x, int64_t nb, in
   for (int j = 0; j < 4; ++j) {
     const int64_t n0 = nb * 64 + 16 * j;
     if (n0 >= a.N) break;
-    const int64_t left = std::min<int64_t>(16, a.N - n0);
-    const __mmask16 m = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+    const __mmask16 m = _cvtu32_mask16(lanes16(0, a.N - n0));
     const __m512i zs = _mm512_mullo_epi32(zp, _mm512_maskz_loadu_epi32(m, a.weight_sums + n0));
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) _mm512_mask_storeu_epi32(acc + r * a.N + n0, m, _mm512_sub_epi32(s[r][j], zs));

@@ -38,7 +38,7 @@ struct GemvVnni {
   int32_t* acc;  // [M][N]
 };
 
-// True, with the two strides, when `layout` is that blocking of a [K, N] s8
+// True, with the two strides (left as they are otherwise), when `layout` is that blocking of a [K, N] s8
 // weight; false on CPUs without AVX-512 VNNI (own_u8_available()).
 bool gemv_vnni_layout(const BlockedLayout& layout, int64_t K, int64_t N, int64_t* nstride, int64_t* kstride);
 // sums[n] = the sum over k of the weight of input k, output n.

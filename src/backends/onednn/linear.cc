@@ -175,7 +175,8 @@ class OnednnLinear final : public LinearKernel {
     // Few rows on qpack's own kernels (QPACK_ONEDNN_OWN_GEMM=0 when the linear
     // is made keeps them on oneDNN's): fp32 packed "ba" (oneDNN's gemm: AVX2)
     // on gemm_f32.h, int8 narrow weights without VNNI packed "ba" on gemv_u8.h.
-    const bool own = isa_has_avx2() && own_avx2_available() && own_enabled("QPACK_ONEDNN_OWN_GEMM");
+    const bool own_gemm = own_enabled("QPACK_ONEDNN_OWN_GEMM");
+    const bool own = isa_has_avx2() && own_avx2_available() && own_gemm;
     own_f32_ = own && spec_.mode == QPACK_MODE_F32 &&
                packed_.get_desc() == memory::desc({spec_.K, spec_.N}, dt::f32, tag::ba);
     const memory::desc ba({spec_.K, spec_.N}, dt::s8, tag::ba);
@@ -184,16 +185,14 @@ class OnednnLinear final : public LinearKernel {
       gemv_u8_weight_sums(static_cast<const int8_t*>(packed_.get_data_handle()), spec_.N, spec_.K,
                           weight_sums_.data());
     }
-    // fp32 with AVX-512, packed for oneDNN's brgemm: few rows on gemv_f32.h
-    if (own_enabled("QPACK_ONEDNN_OWN_GEMM") && spec_.mode == QPACK_MODE_F32 &&
-        !gemv_f32_layout(BlockedLayout::of(packed_.get_desc(), false), spec_.K, spec_.N, &f32_nstride_,
-                         &f32_kstride_)) {
-      f32_nstride_ = f32_kstride_ = 0;
+    // Packed for oneDNN's brgemm (AVX-512): few rows of fp32 on gemv_f32.h, of
+    // int8 with VNNI on gemv_vnni.h (their strides stay 0 where they do not run)
+    const BlockedLayout layout = BlockedLayout::of(packed_.get_desc(), false);
+    if (own_gemm && spec_.mode == QPACK_MODE_F32) {
+      gemv_f32_layout(layout, spec_.K, spec_.N, &f32_nstride_, &f32_kstride_);
     }
-    // int8 with AVX-512 VNNI, packed for oneDNN's brgemm: few rows on gemv_vnni.h
-    if (own_enabled("QPACK_ONEDNN_OWN_GEMM") && spec_.int8() && isa_has_avx512_vnni() &&
-        gemv_vnni_layout(BlockedLayout::of(packed_.get_desc(), false), spec_.K, spec_.N, &vnni_nstride_,
-                         &vnni_kstride_)) {
+    if (own_gemm && spec_.int8() && isa_has_avx512_vnni() &&
+        gemv_vnni_layout(layout, spec_.K, spec_.N, &vnni_nstride_, &vnni_kstride_)) {
       weight_sums_.resize(static_cast<size_t>(spec_.N));
       gemv_vnni_weight_sums(vnni(nullptr, 0, 0, nullptr), weight_sums_.data());
     }

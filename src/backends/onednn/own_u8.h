@@ -32,6 +32,14 @@ struct RequantU8 {
   void bounds(uint8_t* qmin, uint8_t* qmax) const;
 };
 
+// Bits [lo, hi) of 16, clipped to [0, 16): an AVX-512 lane mask (a row's
+// tail, the columns of a window inside its input).
+inline uint32_t lanes16(int64_t lo, int64_t hi) {
+  lo = lo < 0 ? 0 : lo;
+  hi = hi > 16 ? 16 : hi;
+  return hi <= lo ? 0u : ((1u << hi) - 1) & ~((1u << lo) - 1);
+}
+
 // True when this CPU allows AVX-512 with VNNI (the callers also respect
 // ONEDNN_MAX_CPU_ISA, through isa_has_avx512_vnni()).
 bool own_u8_available();
