@@ -1,9 +1,13 @@
 // Elementwise float functions of the graph's nodes, vectorized
 // with AVX-512F or AVX2+FMA where the CPU has them (chosen at run time; the
-// core is built for the baseline ISA). exp is Cephes' single-precision
-// polynomial on a range reduction by ln 2 (within 2 ulp of std::exp on
-// [-87, 88]; +inf above 88.38 and 0 below -88.38, NaN kept); sigmoid and SiLU
-// divide exactly; GELU's erf is a polynomial near 0 and 1 - exp(-z^2 + R(z))
+// core is built for the baseline ISA). exp reduces its argument by ln 2 and
+// evaluates a polynomial: Cephes' single-precision one with AVX2 (within 2
+// ulp of std::exp on [-87, 88]; +inf above 88.38, 0 below -88.38), a
+// degree-4 fit with AVX-512 (sigmoid within 3.1 ulp of float64's on
+// [-110, 110]; +inf, denormals and 0 where std::exp gives them); NaN kept.
+// Sigmoid and SiLU divide once (1 / (1 + exp(-x)), x / (1 + exp(-x)), so
+// SiLU overflows to -0 below -88.7 as PyTorch's float loop does); GELU's erf
+// is a polynomial near 0 and 1 - exp(-z^2 + R(z))
 // beyond (within 1e-7 of std::erf-based values, vec_math.cc). Elsewhere the
 // callers' scalar loops run.
 #pragma once
@@ -17,6 +21,8 @@ namespace qpack {
 // y[i] = act(x[i]) for SIGMOID, SILU and GELU (x and y may be the same array);
 // false, and nothing written, for other activations or without the ISA.
 bool activate_f32_vector(qpack_activation act, const float* x, float* y, int64_t n);
+// Whether activate_f32_vector does act's work on this CPU.
+bool activate_f32_vectorized(qpack_activation act);
 
 // y[i] = clamp(round_half_even(x[i] * inv_scale) + zero_point, 0, 255), the
 // rounding PyTorch's quantize uses, exactly as quant.cc's scalar loop (finite

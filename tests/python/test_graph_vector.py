@@ -52,6 +52,34 @@ def test_vector_activation_matches_torch(act, hw):
     assert bool(((out - ref).abs() <= tol).all()), (out - ref).abs().max().item()
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("act", [nn.Sigmoid(), nn.SiLU()], ids=["sigmoid", "silu"])
+@pytest.mark.parametrize("conv", [dict(k=1, s=1, g=1), dict(k=3, s=2, g=1), dict(k=3, s=1, g=96)],
+                         ids=["1x1", "3x3s2", "depthwise"])
+def test_conv_with_sigmoid_or_silu_runs_qpacks_activation(threads, act, conv):
+    """oneDNN convolutions followed by Sigmoid or SiLU take the activation into the node
+    (qpack's vector loop over the output, split over the threads, not oneDNN's eltwise
+    post-op): within 1e-5 of PyTorch on real weights, NCHW and NHWC outputs, tensors
+    large enough to split, a NaN input pixel giving NaN where PyTorch's does."""
+    torch.manual_seed(threads)
+    m = nn.Sequential(nn.Conv2d(96, 96, conv["k"], conv["s"], conv["k"] // 2, groups=conv["g"]), act).eval()
+    qpack.set_num_threads(threads)
+    try:
+        frozen = qpack.freeze(m, retain=False, progress=False)
+        name = type(act).__name__.lower()
+        assert f"+{name}" in qpack.graph_report(frozen), qpack.graph_report(frozen)
+        x = torch.randn(2, 96, 37, 29) * 3
+        x[1, :, 5, 7] = float("nan")
+        with torch.no_grad():
+            ref = m(x)
+            for out in (frozen(x), frozen(x.to(memory_format=torch.channels_last))):
+                assert torch.equal(torch.isnan(out), torch.isnan(ref))
+                ok = ~torch.isnan(ref)
+                assert torch.allclose(out[ok], ref[ok], rtol=1e-5, atol=1e-5)
+    finally:
+        qpack.set_num_threads(1)
+
+
 @pytest.mark.parametrize("dtype", [None, "int8"])
 @pytest.mark.parametrize("c_in,c_out,hw", [(3, 16, (16, 16)), (17, 37, (19, 23)), (32, 64, (4, 4)),
                                             (20, 3, (33, 17)), (64, 16, (1, 1))])
