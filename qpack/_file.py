@@ -39,7 +39,7 @@ NODE_KINDS = {                                      # qpack_node_kind (src/inclu
     13: "channels",
     14: "adaptive_avgpool2d",
     15: "prelu", 16: "resize_nearest", 17: "resize_bilinear",
-    18: "channel_range",
+    18: "channel_range", 19: "layer_norm",
 }
 ACTIVATIONS = {                                     # qpack_activation
     0: "none", 1: "relu", 2: "clamp", 3: "hardswish", 4: "sigmoid", 5: "gelu", 6: "silu",
@@ -692,9 +692,9 @@ def _node(c, k, nv, ops, problems, where):
         if min(node["kernel"] + node["stride"]) < 1 or min(node["pad"]) < 0:
             problems.append(f"{where} ({name}): kernel {node['kernel']}, stride {node['stride']}, "
                             f"pad {node['pad']} out of range")
-    if name in ("affine", "prelu") and na == 0:
+    if name in ("affine", "prelu", "layer_norm") and na == 0:
         problems.append(f"{where}: an {name} node without channels")
-    elif name not in ("affine", "prelu") and na:
+    elif name not in ("affine", "prelu", "layer_norm") and na:
         problems.append(f"{where} ({name}): {na} affine channels on a non-affine node")
     want_in = {"add": 2, "mul": 2}.get(name, None if name in ("concat", "resize_nearest", "resize_bilinear") else 1)
     if kind in NODE_KINDS and want_in is not None and n_in != want_in:

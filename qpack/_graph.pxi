@@ -10,7 +10,8 @@ NODE_KINDS = {"conv2d": QPACK_NODE_CONV2D, "linear": QPACK_NODE_LINEAR, "add": Q
               "dequantize": QPACK_NODE_DEQUANTIZE, "mul": QPACK_NODE_MUL,
               "channels": QPACK_NODE_CHANNELS, "adaptive_avgpool2d": QPACK_NODE_ADAPTIVE_AVGPOOL2D,
               "prelu": QPACK_NODE_PRELU, "resize_nearest": QPACK_NODE_RESIZE_NEAREST,
-              "resize_bilinear": QPACK_NODE_RESIZE_BILINEAR, "channel_range": QPACK_NODE_CHANNEL_RANGE}
+              "resize_bilinear": QPACK_NODE_RESIZE_BILINEAR, "channel_range": QPACK_NODE_CHANNEL_RANGE,
+              "layer_norm": QPACK_NODE_LAYER_NORM}
 ACTIVATIONS = {None: QPACK_ACT_NONE, "relu": QPACK_ACT_RELU, "clamp": QPACK_ACT_CLAMP,
                "hardswish": QPACK_ACT_HARDSWISH, "sigmoid": QPACK_ACT_SIGMOID,
                "gelu": QPACK_ACT_GELU, "silu": QPACK_ACT_SILU, "hardsigmoid": QPACK_ACT_HARDSIGMOID,
@@ -59,7 +60,8 @@ cdef class GraphHandle:
     output=..., op=LinearHandle|Conv2dHandle, kernel=(h, w), stride=(h, w),
     padding=(t, l, b, r), ceil_mode, count_include_pad, keepdim, activation,
     act_min, act_max, scale, shift, slopes)]; inputs / outputs: value indices.
-    leaky_relu: act_min = negative slope; prelu: slopes (1 or C); resize_nearest /
+    leaky_relu: act_min = negative slope; prelu: slopes (1 or C); layer_norm: weight,
+    bias (C each), eps and dim (1 or -1, the last); resize_nearest /
     resize_bilinear: size=(h, w) or scale=(h, w) (or a second input whose H, W
     are taken), align_corners (bilinear)."""
     cdef qpack_graph* _h
@@ -108,11 +110,16 @@ cdef class GraphHandle:
                 cn[i].activation = ACTIVATIONS[n.get("activation")]
                 cn[i].act_min, cn[i].act_max = n.get("scale", (0.0, 0.0)) if n["kind"].startswith("resize") \
                     else (n.get("act_min", 0.0), n.get("act_max", 0.0))
-                if n["kind"] == "affine":
-                    sc = np.ascontiguousarray(n["scale"], dtype=np.float32)
-                    sh = np.ascontiguousarray(n["shift"], dtype=np.float32)
+                if n["kind"] in ("affine", "layer_norm"):
+                    norm = n["kind"] == "layer_norm"
+                    sc = np.ascontiguousarray(n["weight" if norm else "scale"], dtype=np.float32)
+                    sh = np.ascontiguousarray(n["bias" if norm else "shift"], dtype=np.float32)
                     if sc.shape != sh.shape or sc.ndim != 1 or sc.shape[0] == 0:
-                        raise InvalidArgumentError("affine scale and shift must be 1-D of one length")
+                        raise InvalidArgumentError(f"{n['kind']} " + ("weight and bias" if norm else "scale and shift")
+                                                   + " must be 1-D of one length")
+                    if norm:
+                        cn[i].act_min = n.get("eps", 1e-5)
+                        cn[i].kernel_h, cn[i].kernel_w = n.get("dim", -1), 1
                     keep += [sc, sh]
                     fview = sc
                     cn[i].affine_scale = &fview[0]

@@ -219,6 +219,7 @@ cdef extern from "qpack/qpack.h" nogil:
         QPACK_NODE_RESIZE_NEAREST
         QPACK_NODE_RESIZE_BILINEAR
         QPACK_NODE_CHANNEL_RANGE
+        QPACK_NODE_LAYER_NORM
 
     ctypedef enum qpack_activation:
         QPACK_ACT_NONE

@@ -196,6 +196,26 @@ class _Lowering:
         self.nodes.append(dict(kind=kind, inputs=ins, output=out, fx=fx_node, **params))
         return out
 
+    def emit_layer_norm(self, node, x, shape, weight, bias, eps, dim):
+        """A layer_norm node: over the channels of a rank-4 value (layer_norm2d: dim
+        1), or over the last dim (F.layer_norm / nn.LayerNorm of one dim: -1)."""
+        shape = tuple(shape) if isinstance(shape, (tuple, list, torch.Size)) else (shape,)
+        if len(shape) != 1 or not isinstance(shape[0], int):
+            raise Unsupported("a LayerNorm over more than one dim, or of a size the trace computes")
+        if not isinstance(eps, float) or not eps > 0:
+            raise Unsupported("a LayerNorm with a traced or non-positive eps")
+        c = shape[0]
+
+        def constant(t, fill):
+            if t is None:
+                return np.full(c, fill, np.float32)
+            t = _attr_tensor(self.gm, t) if isinstance(t, torch.fx.Node) else t
+            if not isinstance(t, torch.Tensor) or t.shape != (c,):
+                raise Unsupported("a LayerNorm whose weight or bias is not a constant of its size")
+            return t.detach().float().numpy().copy()
+        self.emit_checked(node, "layer_norm", [x], weight=constant(weight, 1.0), bias=constant(bias, 0.0),
+                          eps=float(eps), dim=dim)
+
     def lower_node(self, node):
         m = self.modules.get(node.target) if node.op == "call_module" else None
         if _in_place(node, self.modules) and self.write_is_seen(node):
@@ -313,6 +333,23 @@ class _Lowering:
         if node.op == "call_function" and node.target is channel_part:
             x, parts, index, groups = node.args
             self.emit_checked(node, "channels", [x], kernel=(parts, index), stride=(groups, 1))
+            return
+        if node.op == "call_function" and node.target is channel_scale:
+            x, scale = node.args
+            t = _attr_tensor(self.gm, scale)
+            c = channels_of(x)
+            if t is None or c is None or t.numel() != c:
+                raise Unsupported("a channel scale that is not a constant of the value's channels")
+            self.emit_checked(node, "affine", [x], scale=t.detach().float().reshape(-1).numpy().copy(),
+                              shift=np.zeros(c, np.float32))
+            return
+        if node.op == "call_function" and node.target is layer_norm2d:
+            x, weight, bias, eps = node.args
+            self.emit_layer_norm(node, x, (channels_of(x),), weight, bias, eps, dim=1)
+            return
+        ln = _layer_norm_args(node, self.modules)
+        if ln is not None:
+            self.emit_layer_norm(node, *ln, dim=-1)
             return
         if node.op == "call_function" and node.target is channel_range:
             x, first, count = node.args
@@ -518,6 +555,64 @@ def channel_range(x, first, count):
     return x[:, first:first + count]
 
 
+def layer_norm2d(x, weight, bias, eps):
+    """LayerNorm over the channels of each pixel of [N, C, H, W] (timm's
+    LayerNorm2d: permute to NHWC, F.layer_norm over C, permute back): what
+    canonicalize() rewrites that spelling to; the core runs it as one
+    ``layer_norm`` node on the NHWC value it holds."""
+    return F.layer_norm(x.permute(0, 2, 3, 1), (x.shape[1],), weight, bias, eps).permute(0, 3, 1, 2)
+
+
+def channel_scale(x, scale):
+    """``x * scale.reshape(1, -1, 1, 1)`` for a constant ``scale`` of C values
+    (ConvNeXt's layer scale): what canonicalize() rewrites that spelling to; the
+    core runs it as an ``affine`` node without shift."""
+    return x * scale.reshape(1, -1, 1, 1)
+
+
+def _per_channel_constant(node, x):
+    """The get_attr node a per-channel constant of x comes from when node is
+    g.reshape(1, -1, 1, 1) / g.view(1, C, 1, 1) of a 1-D get_attr g, else None."""
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_method" and node.target in ("reshape", "view")
+            and not node.kwargs and len(node.args) >= 2):
+        return None
+    g, shape = node.args[0], node.args[1:]
+    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    c = x.meta.get("qpack_channels")
+    if not (isinstance(g, torch.fx.Node) and g.op == "get_attr" and len(shape) == 4 and shape[0] == 1
+            and shape[2:] == (1, 1) and (shape[1] == -1 or (c is not None and shape[1] == c))):
+        return None
+    return g
+
+
+def _permute_dims(node):
+    """The dims of x.permute(...) / torch.permute(x, ...), else None."""
+    if node is None or node.kwargs or not node.args:
+        return None
+    if not ((node.op == "call_method" and node.target == "permute") or
+            (node.op == "call_function" and node.target is torch.permute)):
+        return None
+    dims = node.args[1:]
+    dims = list(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else list(dims)
+    return dims if all(isinstance(d, int) for d in dims) else None
+
+
+def _layer_norm_args(node, modules):
+    """(x, normalized_shape, weight, bias, eps) of an F.layer_norm call or an
+    nn.LayerNorm module (weight and bias: get_attr nodes, tensors or None), else None."""
+    if node.op == "call_function" and node.target is F.layer_norm:
+        names = ("input", "normalized_shape", "weight", "bias", "eps")
+        a = dict(zip(names, node.args))
+        a.update(node.kwargs)
+        if "input" not in a or "normalized_shape" not in a:
+            return None
+        return a["input"], a["normalized_shape"], a.get("weight"), a.get("bias"), a.get("eps", 1e-5)
+    m = modules.get(node.target) if node.op == "call_module" else None
+    if type(m) is nn.LayerNorm and len(node.args) == 1 and not node.kwargs:
+        return node.args[0], m.normalized_shape, m.weight, m.bias, m.eps
+    return None
+
+
 def resize_like(x, like, mode, align_corners):
     """``F.interpolate(x, size=like.shape[-2:], ...)``: what canonicalize() rewrites
     that spelling (torchvision's FPN) to; the core runs it as a resize node whose
@@ -608,6 +703,7 @@ _RANK3_MODULES = (FrozenConv1d, nn.Conv1d, nn.MaxPool1d, nn.AvgPool1d, nn.Adapti
 _SAME_RANK_FUNCS = {F.relu, torch.relu, F.relu_, torch.relu_, F.relu6, F.hardtanh, F.hardtanh_, F.hardswish,
                     torch.sigmoid, F.silu, F.gelu, F.hardsigmoid, F.leaky_relu, torch.tanh, F.dropout, F.dropout2d,
                     F.layer_norm, F.interpolate, F.max_pool2d, F.avg_pool2d, torch.clamp, channel_part, channel_range,
+                    layer_norm2d, channel_scale,
                     operator.add, operator.iadd, torch.add, operator.mul, operator.imul, torch.mul,
                     operator.sub, operator.isub, torch.sub, operator.truediv, operator.itruediv, torch.div, torch.cat}
 _SAME_RANK_METHODS = {"relu", "relu_", "sigmoid", "clamp", "clamp_", "contiguous", "add", "add_", "mul", "mul_",
@@ -971,8 +1067,8 @@ def _rank(node, modules):
     if node.op == "call_function" and node.target is torch.cat:
         return next((rank_of(t) for t in first if rank_of(t) is not None), None) if isinstance(
             first, (tuple, list)) else None
-    if node.op == "call_function" and node.target is F.batch_norm:
-        return r
+    if node.op == "call_function" and node.target in (F.batch_norm, channel_scale, layer_norm2d):
+        return r  # the other arguments are constants
     if (node.op == "call_function" and node.target in _SAME_RANK_FUNCS) or (
             node.op == "call_method" and node.target in _SAME_RANK_METHODS):
         ranks = [rank_of(a) for a in node.args if isinstance(a, torch.fx.Node)]
@@ -1160,6 +1256,30 @@ def canonicalize(gm):
             ranks = {rank_of(t) for t in node.args[0]} if isinstance(node.args[0], (tuple, list)) else {None}
             if isinstance(dim, int) and dim < 0 and len(ranks) == 1 and None not in ranks:
                 node.args, node.kwargs = (node.args[0], dim + ranks.pop()), {}
+        elif ((node.op == "call_function" and node.target in (operator.mul, torch.mul)) or (
+                node.op == "call_method" and node.target == "mul")) and len(node.args) == 2 and not node.kwargs \
+                and rank_of(x) == 4 and (g_attr := _per_channel_constant(node.args[1], x)) is not None:
+            r = node.args[1]
+            node = replace(node, channel_scale, (x, g_attr))
+            if not r.users:
+                g.erase_node(r)
+                erased.add(r)
+        elif _permute_dims(node) == [0, 2, 3, 1] and rank_of(x) == 4 and (
+                ln := _only_user(node)) is not None and (a := _layer_norm_args(ln, modules)) is not None and \
+                a[0] is node and len(tuple(a[1])) == 1 and _permute_dims(back := _only_user(ln)) == [0, 3, 1, 2] \
+                and back.args[0] is ln:
+            # timm's LayerNorm2d / ConvNeXt's permute, LayerNorm, permute: one layer_norm2d()
+            _, _, weight, bias, eps = a
+            if ln.op == "call_module":
+                with g.inserting_before(back):
+                    weight = g.get_attr(f"{ln.target}.weight") if weight is not None else None
+                    bias = g.get_attr(f"{ln.target}.bias") if bias is not None else None
+            new = replace(back, layer_norm2d, (x, weight, bias, eps))
+            new.meta["qpack_rank"] = 4
+            for dead in (ln, node):
+                g.erase_node(dead)
+                erased.add(dead)
+            node = new
         elif node.op == "call_function" and node.target is torch._assert and _rank_check_holds(x):
             # torch._assert(x.ndim == 4, ...) on a value of known rank 4 (timm's BatchNormAct2d)
             g.erase_node(node)
@@ -1197,7 +1317,9 @@ def _constant_attr(node):
     convert_fx's quantize / quantized add, statistics and affine of F.batch_norm."""
     return node.op == "get_attr" and bool(node.users) and all(
         u.op == "call_function" and (u.target in _QPARAM_READERS or (
-            u.target is F.batch_norm and (not u.args or u.args[0] is not node))) for u in node.users)
+            u.target in (F.batch_norm, F.layer_norm, layer_norm2d, channel_scale)
+            and (not u.args or u.args[0] is not node)))
+        for u in node.users)
 
 
 def segments(gm):

@@ -37,11 +37,12 @@ qpack::GraphNode make_node(const qpack_graph_node& c, int index) {
   n.act = c.activation;
   n.act_min = c.act_min;
   n.act_max = c.act_max;
-  if (c.kind == QPACK_NODE_AFFINE) {
+  if (c.kind == QPACK_NODE_AFFINE || c.kind == QPACK_NODE_LAYER_NORM) {
     qpack::check(c.affine_scale != nullptr && c.affine_shift != nullptr && c.channels >= 1 &&
                      c.channels <= (int64_t(1) << 24),
-                 QPACK_STATUS_INVALID_ARGUMENT, "node ", index,
-                 " (affine) needs affine_scale, affine_shift and channels in [1, 2^24]");
+                 QPACK_STATUS_INVALID_ARGUMENT, "node ", index, " (",
+                 c.kind == QPACK_NODE_AFFINE ? "affine" : "layer_norm",
+                 ") needs affine_scale, affine_shift and channels in [1, 2^24]");
     n.affine_scale.assign(c.affine_scale, c.affine_scale + c.channels);
     n.affine_shift.assign(c.affine_shift, c.affine_shift + c.channels);
   }

@@ -59,6 +59,7 @@ const char* kind_name(qpack_node_kind k) {
     case QPACK_NODE_RESIZE_NEAREST: return "resize_nearest";
     case QPACK_NODE_RESIZE_BILINEAR: return "resize_bilinear";
     case QPACK_NODE_CHANNEL_RANGE: return "channel_range";
+    case QPACK_NODE_LAYER_NORM: return "layer_norm";
   }
   return "unknown";
 }
@@ -108,6 +109,26 @@ void activate_range(qpack_activation act, float lo, float hi, const float* x, in
       return;
     default:
       for (int64_t i = 0; i < n; ++i) y[i] = activate(act, lo, hi, x[i]);
+  }
+}
+
+// LayerNorm of `rows` contiguous rows of C values (x and y may be the same
+// array): mean, then the biased variance of x - mean (two passes, as
+// PyTorch's CPU kernel), (x - mean) / sqrt(var + eps) * w[c] + b[c]. The
+// vector code (vec_math.h) where the CPU has it, else this loop.
+void layer_norm_rows(const float* x, int64_t rows, int64_t C, const float* w, const float* b, float eps,
+                     float* y) {
+  if (layer_norm_f32_vector(x, rows, C, w, b, eps, y)) return;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * C;
+    float* yr = y + r * C;
+    float sum = 0.0f;
+    for (int64_t c = 0; c < C; ++c) sum += xr[c];
+    const float mean = sum / static_cast<float>(C);
+    float ss = 0.0f;
+    for (int64_t c = 0; c < C; ++c) ss += (xr[c] - mean) * (xr[c] - mean);
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
+    for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - mean) * inv * w[c] + b[c];
   }
 }
 
@@ -809,14 +830,20 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
         n.lut[b] = qo.quant(activate(n.act, n.act_min, n.act_max, qi.deq(static_cast<uint8_t>(b))));
       }
     }
-    if (n.kind == QPACK_NODE_AFFINE) {
+    if (n.kind == QPACK_NODE_AFFINE || n.kind == QPACK_NODE_LAYER_NORM) {
       check(!n.affine_scale.empty() && n.affine_scale.size() == n.affine_shift.size(),
-            QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
-            " (affine) needs scale and shift of one length (channels >= 1)");
+            QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind,
+            ") needs scale and shift of one length (channels >= 1)");
       for (size_t c = 0; c < n.affine_scale.size(); ++c) {
         check(std::isfinite(n.affine_scale[c]) && std::isfinite(n.affine_shift[c]),
-              QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (affine): scale and shift must be finite");
+              QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind, "): scale and shift must be finite");
       }
+    }
+    if (n.kind == QPACK_NODE_LAYER_NORM) {
+      check(n.act_min > 0.0f && std::isfinite(n.act_min), QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
+            " (layer_norm) needs a finite eps > 0 (act_min), got ", n.act_min);
+      check(n.kernel[0] == 1 || n.kernel[0] == -1, QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
+            " (layer_norm) normalizes dim 1 or -1 (kernel_h), got ", n.kernel[0]);
     }
   }
   for (int v : outputs_) {
@@ -995,6 +1022,10 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
     case QPACK_NODE_AFFINE:
       need_rank(x.rank >= 2 && x.d[1] == static_cast<int64_t>(n.affine_scale.size()),
                 "an input whose dim 1 has as many channels as the affine");
+      return y;
+    case QPACK_NODE_LAYER_NORM:
+      need_rank(x.rank >= 2 && x.d[n.kernel[0] == 1 ? 1 : x.rank - 1] == static_cast<int64_t>(n.affine_scale.size()),
+                "an input whose normalized dim has as many values as the scale and shift");
       return y;
     case QPACK_NODE_PRELU:
       need_rank(x.rank >= 2 && (n.affine_scale.size() == 1 || x.d[1] == static_cast<int64_t>(n.affine_scale.size())),
@@ -1548,6 +1579,52 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
                           for (int64_t k = 0; k < n; ++k) o[k] = h0 * a[k] + h1 * b[k];
                         }, yf);
       }
+      return;
+    }
+    case QPACK_NODE_LAYER_NORM: {
+      // The stored value as outer x C x inner, C the normalized dim: NHWC
+      // pixels' channels and rows of a last dim are contiguous (inner = 1);
+      // a rank-4 value's W is strided by its channels (inner = C).
+      const int64_t C = static_cast<int64_t>(n.affine_scale.size());
+      const int64_t inner = (xs.rank == 4 && n.kernel[0] == -1) ? xs.d[1] : 1;
+      const int64_t rows = count / C;  // rows of the normalized dim, each at stride inner
+      const float* w = n.affine_scale.data();
+      const float* sh = n.affine_shift.data();
+      if (!u8 && inner == 1) {
+        parallel_range(rows, std::max<int64_t>(1, kGrain / C), [&](int64_t b, int64_t e) {
+          layer_norm_rows(xf + b * C, e - b, C, w, sh, n.act_min, yf + b * C);
+        });
+        return;
+      }
+      // u8, or strided rows: each row gathered in float (u8: dequantized, scale
+      // and shift over qy.scale), normalized, written back (u8: requantized)
+      std::vector<float> wq(w, w + C), bq(sh, sh + C);
+      if (u8) {
+        for (int64_t c = 0; c < C; ++c) {
+          wq[c] /= qy.scale;
+          bq[c] /= qy.scale;
+        }
+      }
+      const float zy = static_cast<float>(qy.zp);
+      parallel_range(rows, std::max<int64_t>(1, kGrain / C), [&](int64_t b, int64_t e) {
+        thread_local std::vector<float> row;
+        thread_local std::vector<uint8_t> bytes;
+        row.resize(static_cast<size_t>(C));
+        bytes.resize(static_cast<size_t>(C));
+        for (int64_t r = b; r < e; ++r) {
+          const int64_t base = (r / inner) * C * inner + r % inner;  // element 0 of row r
+          for (int64_t c = 0; c < C; ++c) row[c] = u8 ? qx.deq(x[base + c * inner]) : xf[base + c * inner];
+          layer_norm_rows(row.data(), 1, C, wq.data(), bq.data(), n.act_min, row.data());
+          if (!u8) {
+            for (int64_t c = 0; c < C; ++c) yf[base + c * inner] = row[c];
+          } else if (inner == 1) {
+            store_u8(row.data(), C, zy, y + base);
+          } else {
+            store_u8(row.data(), C, zy, bytes.data());
+            for (int64_t c = 0; c < C; ++c) y[base + c * inner] = bytes[c];
+          }
+        }
+      });
       return;
     }
     case QPACK_NODE_PRELU: {

@@ -24,7 +24,7 @@ namespace qpack {
 
 // The last qpack_node_kind and qpack_activation (graph validation and model
 // files check against these: appending a kind changes them here only).
-constexpr qpack_node_kind kLastNodeKind = QPACK_NODE_CHANNEL_RANGE;
+constexpr qpack_node_kind kLastNodeKind = QPACK_NODE_LAYER_NORM;
 constexpr qpack_activation kLastActivation = QPACK_ACT_LEAKY_RELU;
 
 struct GraphValue {
@@ -40,14 +40,15 @@ struct GraphNode {
   std::shared_ptr<const Conv> conv;      // CONV2D, by reference
   std::shared_ptr<const Linear> linear;  // LINEAR, by reference
   // pools; CHANNELS: kernel = {parts, part index}, stride[0] = shuffle groups;
-  // CHANNEL_RANGE: kernel = {first channel, count};
+  // CHANNEL_RANGE: kernel = {first channel, count}; LAYER_NORM: kernel[0] = the dim (1 or -1);
   // ADAPTIVE_AVGPOOL2D: kernel = output {H, W}; RESIZE_*: kernel = output {H, W}
   // or {0, 0}, act_min / act_max = scale factors (H, W) or 0, ceil_mode = align_corners
   int64_t kernel[2] = {1, 1}, stride[2] = {1, 1}, pad[4] = {0, 0, 0, 0};  // t, l, b, r
   bool ceil_mode = false, count_include_pad = true, keepdim = true;
   qpack_activation act = QPACK_ACT_NONE;
-  float act_min = 0, act_max = 0;  // CLAMP bounds; LEAKY_RELU: act_min = negative slope
-  std::vector<float> affine_scale, affine_shift;  // AFFINE; PRELU: affine_scale = slopes (1 or C)
+  float act_min = 0, act_max = 0;  // CLAMP bounds; LEAKY_RELU: act_min = negative slope; LAYER_NORM: eps
+  // AFFINE, LAYER_NORM: per channel; PRELU: affine_scale = slopes (1 or C)
+  std::vector<float> affine_scale, affine_shift;
   std::vector<uint8_t> lut;  // u8 ACTIVATION: output for each input byte
   std::shared_ptr<const GraphOp> backend_op;  // u8 node on the graph's backend's own operator
 };

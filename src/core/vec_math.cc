@@ -1,6 +1,7 @@
 #include "core/vec_math.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -198,6 +199,68 @@ QPACK_AVX2 void run256(const float* x, float* y, int64_t n) {
     for (int64_t j = i; j < n; ++j) t[j - i] = x[j];
     run256<kAct>(t, t, 8);
     for (int64_t j = i; j < n; ++j) y[j] = t[j - i];
+  }
+}
+
+QPACK_AVX512 void layer_norm512(const float* x, int64_t rows, int64_t C, const float* w, const float* b,
+                                float eps, float* y) {
+  const float inv_c = 1.0f / static_cast<float>(C);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * C;
+    float* yr = y + r * C;
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t c = 0; c < C; c += 16) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(mask16(C - c), xr + c));
+    const __m512 mean = _mm512_set1_ps(_mm512_reduce_add_ps(s) * inv_c);
+    __m512 q = _mm512_setzero_ps();
+    for (int64_t c = 0; c < C; c += 16) {
+      const __mmask16 m = mask16(C - c);
+      const __m512 d = _mm512_maskz_sub_ps(m, _mm512_maskz_loadu_ps(m, xr + c), mean);
+      q = _mm512_fmadd_ps(d, d, q);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(q) * inv_c + eps));
+    for (int64_t c = 0; c < C; c += 16) {
+      const __mmask16 m = mask16(C - c);
+      const __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, xr + c), mean), inv);
+      _mm512_mask_storeu_ps(yr + c, m, _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(m, w + c),
+                                                       _mm512_maskz_loadu_ps(m, b + c)));
+    }
+  }
+}
+
+QPACK_AVX2 inline float sum256(__m256 v) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 p = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1)));
+}
+
+// The AVX2 version: whole vectors of 8, the rest of each row by element.
+QPACK_AVX2 void layer_norm256(const float* x, int64_t rows, int64_t C, const float* w, const float* b,
+                              float eps, float* y) {
+  const float inv_c = 1.0f / static_cast<float>(C);
+  const int64_t whole = C / 8 * 8;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * C;
+    float* yr = y + r * C;
+    __m256 s = _mm256_setzero_ps();
+    for (int64_t c = 0; c < whole; c += 8) s = _mm256_add_ps(s, _mm256_loadu_ps(xr + c));
+    float sum = sum256(s);
+    for (int64_t c = whole; c < C; ++c) sum += xr[c];
+    const float mf = sum * inv_c;
+    const __m256 mean = _mm256_set1_ps(mf);
+    __m256 q = _mm256_setzero_ps();
+    for (int64_t c = 0; c < whole; c += 8) {
+      const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(xr + c), mean);
+      q = _mm256_fmadd_ps(d, d, q);
+    }
+    float ss = sum256(q);
+    for (int64_t c = whole; c < C; ++c) ss += (xr[c] - mf) * (xr[c] - mf);
+    const float invf = 1.0f / std::sqrt(ss * inv_c + eps);
+    const __m256 inv = _mm256_set1_ps(invf);
+    for (int64_t c = 0; c < whole; c += 8) {
+      const __m256 d = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xr + c), mean), inv);
+      _mm256_storeu_ps(yr + c, _mm256_fmadd_ps(d, _mm256_loadu_ps(w + c), _mm256_loadu_ps(b + c)));
+    }
+    for (int64_t c = whole; c < C; ++c) yr[c] = (xr[c] - mf) * invf * w[c] + b[c];
   }
 }
 
@@ -459,6 +522,15 @@ bool mul_u8_vector(const uint8_t* x0, const uint8_t* x1, int64_t n, float z0, fl
   return true;
 }
 
+bool layer_norm_f32_vector(const float* x, int64_t rows, int64_t C, const float* w, const float* b, float eps,
+                           float* y) {
+  switch (isa_level()) {
+    case 2: layer_norm512(x, rows, C, w, b, eps, y); return true;
+    case 1: layer_norm256(x, rows, C, w, b, eps, y); return true;
+    default: return false;
+  }
+}
+
 bool activate_f32_vectorized(qpack_activation act) {
   return isa_level() > 0 && (act == QPACK_ACT_SIGMOID || act == QPACK_ACT_SILU || act == QPACK_ACT_GELU);
 }
@@ -476,6 +548,9 @@ bool activate_f32_vector(qpack_activation act, const float* x, float* y, int64_t
 
 bool activate_f32_vector(qpack_activation, const float*, float*, int64_t) { return false; }
 bool activate_f32_vectorized(qpack_activation) { return false; }
+bool layer_norm_f32_vector(const float*, int64_t, int64_t, const float*, const float*, float, float*) {
+  return false;
+}
 int64_t quantize_u8_vector(const float*, int64_t, float, float, uint8_t*) { return 0; }
 int64_t dequantize_u8_vector(const uint8_t*, int64_t, float, int32_t, float*) { return 0; }
 int64_t transpose_f32_vector(const float*, int64_t, int64_t, int64_t, int64_t, float*) { return 0; }

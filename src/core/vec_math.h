@@ -21,6 +21,12 @@ namespace qpack {
 // y[i] = act(x[i]) for SIGMOID, SILU and GELU (x and y may be the same array);
 // false, and nothing written, for other activations or without the ISA.
 bool activate_f32_vector(qpack_activation act, const float* x, float* y, int64_t n);
+// LayerNorm of `rows` contiguous rows of C values (graph.cc's layer_norm_rows,
+// the same steps: the mean, the biased variance of x - mean, then (x - mean)
+// / sqrt(var + eps) w[c] + b[c]; sums in vector lanes, so in another order):
+// true when done (AVX-512F or AVX2+FMA), false, and nothing written, without.
+bool layer_norm_f32_vector(const float* x, int64_t rows, int64_t C, const float* w, const float* b, float eps,
+                           float* y);
 // Whether activate_f32_vector does act's work on this CPU.
 bool activate_f32_vectorized(qpack_activation act);
 

@@ -277,6 +277,10 @@ def per_edge_reference(f, x):
             r = a[:, n["kernel"][0]:n["kernel"][0] + n["kernel"][1]]
         elif k == "concat":
             r = torch.cat([d(v) for v in ins], 1)
+        elif k == "layer_norm":
+            w, b = torch.as_tensor(n["weight"]), torch.as_tensor(n["bias"])
+            dim = 1 if n.get("dim", -1) == 1 else -1
+            r = F.layer_norm(a.movedim(dim, -1), (w.numel(),), w, b, n["eps"]).movedim(-1, dim)
         elif k == "affine":
             sh = (1, -1) + (1,) * (a.dim() - 2)
             r = a * torch.as_tensor(n["scale"]).reshape(sh) + torch.as_tensor(n["shift"]).reshape(sh)

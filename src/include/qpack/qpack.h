@@ -435,6 +435,11 @@ typedef enum qpack_node_kind {
                                     (clamped at 0) when 0, dst (in - 1) / (out - 1) when 1 */
   QPACK_NODE_CHANNEL_RANGE = 18, /* channels [kernel_h, kernel_h + kernel_w) along dim 1
                                     (x[:, a:b], torch.split); u8 qparams kept */
+  QPACK_NODE_LAYER_NORM = 19,    /* (x - mean) / sqrt(var + eps) * scale[i] + shift[i] along one
+                                    dim: kernel_h = 1 (dim 1: a rank-4 value's channels, timm's
+                                    LayerNorm2d) or -1 (the last dim: nn.LayerNorm of one dim);
+                                    var is the biased one; `channels` values at affine_scale and
+                                    affine_shift, copied; eps = act_min (> 0) */
 } qpack_node_kind;
 
 typedef enum qpack_activation {
@@ -470,7 +475,7 @@ typedef struct qpack_graph_node {
   qpack_activation activation;  /* ACTIVATION, ADD; CONV2D with an f32 output: applied after the
                                    layer's own, as the backend's post-op (oneDNN's eltwise) */
   float act_min, act_max;       /* QPACK_ACT_CLAMP; LEAKY_RELU: act_min; RESIZE_*: scales */
-  const float* affine_scale;    /* AFFINE: [channels], copied; PRELU: the slopes */
+  const float* affine_scale;    /* AFFINE, LAYER_NORM: [channels], copied; PRELU: the slopes */
   const float* affine_shift;
   int64_t channels;
 } qpack_graph_node;

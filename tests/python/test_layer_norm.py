@@ -1,0 +1,200 @@
+"""The layer_norm node: LayerNorm over a rank-4 value's channels (timm's LayerNorm2d,
+ConvNeXt's permute / LayerNorm / permute) or over the last dim (nn.LayerNorm, F.layer_norm
+of one dim, as transformers use it), f32 and u8, and the freeze rewrites that bring those
+spellings and ConvNeXt's layer scale (x * gamma.reshape(1, -1, 1, 1)) into one graph."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qpack
+from qpack import _core
+from qpack.torch import graph as G
+
+from test_graph import rel_err
+from test_graph_models import plan
+from test_graph_ops_more import check_both, check_fp32, kinds
+
+
+def _ln_graph(C, dim, dtype="f32", qp=(0.0, 0), qp_out=None, eps=1e-6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w, b = torch.randn(C, generator=g), torch.randn(C, generator=g)
+    vals = [(dtype, *qp), (dtype, *(qp_out or qp))]
+    node = dict(kind="layer_norm", inputs=[0], output=1, weight=w.numpy(), bias=b.numpy(), eps=eps, dim=dim)
+    return _core.GraphHandle(vals, [node], [0], [1]), w, b
+
+
+def _ref(x, w, b, dim, eps=1e-6):
+    return F.layer_norm(x.movedim(dim, -1), (w.numel(),), w, b, eps).movedim(-1, dim)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape,dim", [((2, 40, 7, 9), 1), ((1, 768, 3, 5), 1), ((3, 197, 192), -1),
+                                       ((5, 33), -1), ((2, 6, 5, 9), -1), ((4, 7, 17), -1), ((1, 1, 1, 1), 1)])
+def test_f32_matches_torch(shape, dim, threads):
+    """Within 1e-5 of F.layer_norm: channels of NCHW / NHWC values (vector rows of the
+    NHWC pixels, tails off the 8 / 16 lanes), the last dim of rank 2 and 3, and a rank-4
+    value's W (strided rows), over threads."""
+    qpack.set_num_threads(threads)
+    try:
+        C = shape[dim]
+        g, w, b = _ln_graph(C, dim)
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(C)) * 3 + 1
+        ref = _ref(x, w, b, dim)
+        y = torch.from_numpy(g.run([x.numpy()], ["nchw"], "nchw")[0])
+        assert y.shape == ref.shape
+        assert torch.allclose(y, ref, rtol=1e-5, atol=1e-5), (y - ref).abs().max()
+        if x.dim() == 4:  # an NHWC input and output: the same values
+            yh = g.run([x.permute(0, 2, 3, 1).contiguous().numpy()], ["nhwc"], "nhwc")[0]
+            assert torch.allclose(torch.from_numpy(yh), ref.permute(0, 2, 3, 1), rtol=1e-5, atol=1e-5)
+    finally:
+        qpack.set_num_threads(1)
+
+
+@pytest.mark.parametrize("shape,dim", [((2, 24, 5, 3), 1), ((3, 10, 48), -1), ((2, 6, 4, 11), -1)])
+def test_u8_within_one_quantum(shape, dim):
+    """u8: each row dequantized, normalized in float, requantized: within one quantum
+    of the same steps in PyTorch."""
+    s_in, z_in, s_out, z_out = 0.05, 120, 0.03, 128
+    C = shape[dim]
+    g, w, b = _ln_graph(C, dim, "u8", (s_in, z_in), (s_out, z_out))
+    q = torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(1)).to(torch.uint8)
+    y = torch.from_numpy(g.run([q.numpy()], ["nchw"], "nchw")[0]).float()
+    ref = torch.clamp(torch.round(_ref((q.float() - z_in) * s_in, w, b, dim) / s_out) + z_out, 0, 255)
+    assert float((y - ref).abs().max()) <= 1
+
+
+F32 = [("f32", 0, 0), ("f32", 0, 0)]
+
+
+@pytest.mark.parametrize("params,fragment", [
+    (dict(eps=0.0), "eps > 0"), (dict(eps=float("nan")), "eps > 0"), (dict(dim=2), "dim 1 or -1"),
+    (dict(weight=np.ones(4, np.float32), bias=np.ones(3, np.float32)), "weight and bias"),
+    (dict(weight=np.array([np.inf] * 4, np.float32)), "finite"),
+])
+def test_bad_parameters_give_clear_errors(params, fragment):
+    node = dict(kind="layer_norm", inputs=[0], output=1, weight=np.ones(4, np.float32),
+                bias=np.zeros(4, np.float32), eps=1e-5, dim=-1)
+    node.update(params)
+    with pytest.raises(qpack.InvalidArgumentError, match=fragment):
+        _core.GraphHandle(F32, [node], [0], [1])
+
+
+def test_bad_shapes_give_clear_errors_and_leave_the_graph_usable():
+    g, w, b = _ln_graph(4, -1)
+    for bad in (np.ones((2, 5), np.float32), np.ones((1, 4, 3, 3), np.float32), np.ones(4, np.float32)):
+        with pytest.raises(qpack.InvalidArgumentError, match="normalized dim|rank"):
+            g.run([bad], ["nchw"])
+    x = torch.randn(3, 4)
+    assert torch.allclose(torch.from_numpy(g.run([x.numpy()], ["nchw"])[0]), _ref(x, w, b, -1), atol=1e-5)
+    g1, _, _ = _ln_graph(6, 1)
+    with pytest.raises(qpack.InvalidArgumentError, match="normalized dim"):
+        g1.run([np.ones((1, 5, 2, 2), np.float32)], ["nchw"])
+
+
+# ---- freeze: the spellings ---------------------------------------------------------------------
+
+class LayerNorm2d(nn.LayerNorm):
+    """timm's: permute to NHWC, F.layer_norm over C, permute back."""
+
+    def forward(self, x):
+        x = x.permute(0, 2, 3, 1)
+        x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+class ConvNeXtBlock(nn.Module):
+    """timm's ConvNeXt block with conv_mlp: 7x7 depthwise, LayerNorm2d, 1x1 convs with
+    GELU, layer scale, residual; `module_norm`: the norm as permute, nn.LayerNorm, permute."""
+
+    def __init__(self, c=16, module_norm=False):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 4, 4)
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.module_norm = module_norm
+        self.norm = nn.LayerNorm(c, eps=1e-6) if module_norm else LayerNorm2d(c, eps=1e-6)
+        self.fc1, self.fc2 = nn.Conv2d(c, 4 * c, 1), nn.Conv2d(4 * c, c, 1)
+        self.gamma = nn.Parameter(torch.rand(c) + 0.5)
+        self.head_norm = LayerNorm2d(c)
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 1.5)
+            self.norm.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = self.dw(x)
+        y = self.norm(y.permute(0, 2, 3, 1)).permute(0, 3, 1, 2) if self.module_norm else self.norm(y)
+        y = self.fc2(F.gelu(self.fc1(y)))
+        x = x + y.mul(self.gamma.reshape(1, -1, 1, 1))
+        return self.head_norm(x)
+
+
+class TokenBlock(nn.Module):
+    """A transformer's MLP half on [N, T, C] tokens: nn.LayerNorm, Linear, GELU, Linear,
+    residual, then F.layer_norm without weight and a head."""
+
+    def __init__(self, c=32):
+        super().__init__()
+        self.norm = nn.LayerNorm(c)
+        self.fc1, self.fc2, self.head = nn.Linear(c, 2 * c), nn.Linear(2 * c, c), nn.Linear(c, 10)
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 1.5)
+            self.norm.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        x = x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+        return self.head(F.layer_norm(x, (32,)))
+
+
+@pytest.mark.parametrize("module_norm", [False, True], ids=["layernorm2d", "permute-module-permute"])
+def test_convnext_block_is_one_graph(module_norm):
+    torch.manual_seed(2)
+    model = ConvNeXtBlock(module_norm=module_norm).eval()
+    check_both(model, torch.randn(2, 3, 32, 28), ["layer_norm", "affine"])
+    f = qpack.freeze(model, progress=False)
+    assert kinds(f).count("layer_norm") == 2 and "layer_norm" in qpack.graph_report(f)
+
+
+def test_token_layer_norms_are_one_graph():
+    torch.manual_seed(3)
+    model = TokenBlock().eval()
+    check_both(model, torch.randn(2, 7, 32), ["layer_norm"])
+    assert kinds(qpack.freeze(model, progress=False)).count("layer_norm") == 2
+
+
+def test_layer_norms_the_core_does_not_run_stay_in_pytorch():
+    """Over two dims, or over a rank-4 value's W after a permute the rewrite does not
+    cover: still frozen and right, in PyTorch around the graph."""
+    class Other(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+            self.ln2 = nn.LayerNorm((6, 5))
+
+        def forward(self, x):
+            y = self.c1(x)
+            y = self.ln2(y)                                  # over H, W
+            y = F.layer_norm(y.permute(0, 2, 1, 3), (5,))    # over W, of a permuted value
+            return self.c2(y.permute(0, 2, 1, 3))
+
+    model = Other().eval()
+    x = torch.randn(2, 3, 6, 5)
+    f = qpack.freeze(model, progress=False)
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-5
+
+
+def test_saved_models_with_layer_norm_reload(tmp_path):
+    torch.manual_seed(4)
+    f = check_fp32(ConvNeXtBlock().eval(), torch.randn(1, 3, 16, 16))
+    path = tmp_path / "m.qpk"
+    qpack.save(f, str(path))
+    g = qpack.load(str(path))
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(g(x), f(x))
+    from qpack import _file
+    desc = _file.describe(str(path))
+    assert not desc["problems"], desc["problems"]
+    assert "layer_norm" in [n["kind"] for gr in desc["graphs"] for n in gr["nodes"]]
