@@ -61,7 +61,8 @@ cdef class GraphHandle:
     padding=(t, l, b, r), ceil_mode, count_include_pad, keepdim, activation,
     act_min, act_max, scale, shift, slopes)]; inputs / outputs: value indices.
     leaky_relu: act_min = negative slope; prelu: slopes (1 or C); layer_norm: weight,
-    bias (C each), eps and dim (1 or -1, the last); resize_nearest /
+    bias (C each), eps and dim (1 or -1, the last); linear: per_pixel (over the
+    channels of a rank-4 value); resize_nearest /
     resize_bilinear: size=(h, w) or scale=(h, w) (or a second input whose H, W
     are taken), align_corners (bilinear)."""
     cdef qpack_graph* _h
@@ -103,8 +104,8 @@ cdef class GraphHandle:
                     else n.get("kernel", (1, 1))
                 cn[i].stride_h, cn[i].stride_w = n.get("stride", (1, 1))
                 cn[i].pad_top, cn[i].pad_left, cn[i].pad_bottom, cn[i].pad_right = n.get("padding", (0, 0, 0, 0))
-                cn[i].ceil_mode = bool(n.get("align_corners" if n["kind"].startswith("resize") else "ceil_mode",
-                                             False))
+                cn[i].ceil_mode = bool(n.get("align_corners" if n["kind"].startswith("resize") else
+                                             "per_pixel" if n["kind"] == "linear" else "ceil_mode", False))
                 cn[i].count_include_pad = bool(n.get("count_include_pad", True))
                 cn[i].keepdim = bool(n.get("keepdim", True))
                 cn[i].activation = ACTIVATIONS[n.get("activation")]

@@ -148,6 +148,9 @@ class _Lowering:
         self.qp = {}         # value -> (scale, zero_point) of the u8 values a torch.ao model defines
         self.output_is_tuple = False
         self._order = None     # fx node -> position in the trace (write_is_seen)
+        # fx nodes whose tensor is a rank-4 value permuted to [N, H, W, C]: the core's
+        # NHWC value itself (see channels_last_region)
+        self.channels_last = set()
 
     def new_value(self, fx_node):
         self.values.append(fx_node)
@@ -216,10 +219,81 @@ class _Lowering:
         self.emit_checked(node, "layer_norm", [x], weight=constant(weight, 1.0), bias=constant(bias, 0.0),
                           eps=float(eps), dim=dim)
 
-    def lower_node(self, node):
+    def channels_last_step(self, node):
+        """How node works on the [N, H, W, C] tensor x it reads (a rank-4 value permuted
+        to channels-last): "linear" (a Linear over C), "layer_norm" (over C), "same"
+        (elementwise: activations, eval dropout, identity), "back" (permute(0, 3, 1,
+        2): the value itself again), or None (anything else)."""
+        m = self.modules.get(node.target) if node.op == "call_module" else None
+        if _permute_dims(node) == [0, 3, 1, 2]:
+            return "back"
+        if isinstance(m, FrozenLinear) and len(node.args) == 1 and not node.kwargs:
+            return "linear"
+        ln = _layer_norm_args(node, self.modules)
+        if ln is not None:
+            shape = ln[1]
+            shape = tuple(shape) if isinstance(shape, (tuple, list, torch.Size)) else (shape,)
+            return "layer_norm" if len(shape) == 1 else None
+        if (isinstance(m, _IDENTITY_MODULES) or self.is_eval_dropout(node) or
+                _activation(node, self.modules) is not None):
+            return "same"
+        return None
+
+    def channels_last_region(self, node):
+        """True when node, x.permute(0, 2, 3, 1) of a rank-4 value, starts a chain of
+        ops over the channels, each the only reader of the one before, that ends in
+        permute(0, 3, 1, 2) (ConvNeXt's block: LayerNorm, Linear, GELU, Linear). The
+        core holds rank-4 values NHWC, so the permuted tensor is the value itself and
+        each op runs on its channels: a per-pixel linear, a layer_norm over dim 1."""
+        cur = node
+        while True:
+            nxt = _only_user(cur)
+            if nxt is None or not nxt.args or nxt.args[0] is not cur or _in_place(nxt, self.modules):
+                return False
+            step = self.channels_last_step(nxt)
+            if step == "back":
+                return True
+            if step is None:
+                return False
+            cur = nxt
+
+    def lower_channels_last(self, node, x):
+        """An op of a channels-last region (channels_last_region) on x's value."""
+        step = self.channels_last_step(node)
+        if step == "back":
+            self.value_of[node] = self.arg(x)
+            return
+        if step == "linear":
+            m = self.modules[node.target]
+            if m._spec["io"] == "legacy":
+                raise Unsupported("a torch.ao linear in a channels-last region")
+            self.layers.append(m)
+            self.emit(node, "linear", [x], layer=m, per_pixel=True)
+        elif step == "layer_norm":
+            _, shape, weight, bias, eps = _layer_norm_args(node, self.modules)
+            shape = tuple(shape) if isinstance(shape, (tuple, list, torch.Size)) else (shape,)
+            self.emit_layer_norm(node, x, shape, weight, bias, eps, dim=1)
+        elif step == "same":
+            self.lower_node(node, channels_last_ok=True)
+        else:
+            raise Unsupported("an op on a channels-last view other than Linear, LayerNorm and activations")
+        self.channels_last.add(node)
+
+    def lower_node(self, node, channels_last_ok=False):
         m = self.modules.get(node.target) if node.op == "call_module" else None
         if _in_place(node, self.modules) and self.write_is_seen(node):
             raise Unsupported("an in-place op whose write a later op reads (through a view or an alias)")
+        x0 = node.args[0] if node.args else None
+        if not channels_last_ok and isinstance(x0, torch.fx.Node) and x0 in self.channels_last:
+            self.lower_channels_last(node, x0)
+            return
+        if any(isinstance(a, torch.fx.Node) and a in self.channels_last
+               for a in list(node.args[1:]) + list(node.kwargs.values())):
+            raise Unsupported("a channels-last view read as a second operand")
+        if _permute_dims(node) == [0, 2, 3, 1] and rank_of(x0) == 4 and self.channels_last_region(node):
+            self.value_of[node] = self.arg(x0)
+            self.channels_last.add(node)
+            return
         if (m is not None and isinstance(m, _IDENTITY_MODULES)) or self.is_eval_dropout(node):
             self.value_of[node] = self.arg(node.args[0])
             return
@@ -570,19 +644,32 @@ def channel_scale(x, scale):
     return x * scale.reshape(1, -1, 1, 1)
 
 
-def _per_channel_constant(node, x):
+def _per_channel_constant(gm, node, x):
     """The get_attr node a per-channel constant of x comes from when node is
-    g.reshape(1, -1, 1, 1) / g.view(1, C, 1, 1) of a 1-D get_attr g, else None."""
+    g.reshape(1, -1, 1, 1) / g.view(1, C, 1, 1) of a 1-D get_attr g, or a get_attr
+    of shape [C, 1, 1] or [1, C, 1, 1] itself (torchvision's ConvNeXt), else None."""
+    c = x.meta.get("qpack_channels")
+    t = _attr_tensor(gm, node)
+    if t is not None:
+        return node if c is not None and tuple(t.shape) in ((c, 1, 1), (1, c, 1, 1)) else None
     if not (isinstance(node, torch.fx.Node) and node.op == "call_method" and node.target in ("reshape", "view")
             and not node.kwargs and len(node.args) >= 2):
         return None
     g, shape = node.args[0], node.args[1:]
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
-    c = x.meta.get("qpack_channels")
     if not (isinstance(g, torch.fx.Node) and g.op == "get_attr" and len(shape) == 4 and shape[0] == 1
             and shape[2:] == (1, 1) and (shape[1] == -1 or (c is not None and shape[1] == c))):
         return None
     return g
+
+
+def _channel_scaled(gm, node):
+    """(x, the constant operand, its get_attr) of a mul of a rank-4 value x by a
+    per-channel constant (_per_channel_constant), in either order, else None."""
+    for x, k in (node.args, node.args[::-1]):
+        if isinstance(x, torch.fx.Node) and rank_of(x) == 4 and (a := _per_channel_constant(gm, k, x)) is not None:
+            return x, k, a
+    return None
 
 
 def _permute_dims(node):
@@ -965,6 +1052,13 @@ def _channels(node, modules):
         return c // node.args[1] if c is not None and c % node.args[1] == 0 else None
     if node.op == "call_function" and node.target is channel_range:
         return node.args[2]
+    if _permute_dims(node) == [0, 3, 1, 2]:  # the end of a channels-last region (ConvNeXt): its last Linear's
+        while isinstance(x, torch.fx.Node) and x.args and (  # outputs, through dropout and activations
+                isinstance(modules.get(x.target) if x.op == "call_module" else None, _IDENTITY_MODULES)
+                or _activation(x, modules) is not None):
+            x = x.args[0]
+        m = modules.get(x.target) if isinstance(x, torch.fx.Node) and x.op == "call_module" else None
+        return m.out_features if isinstance(m, (FrozenLinear, nn.Linear)) else None
     if _scalar_affine(node) is not None:
         return channels_of(_scalar_affine(node)[0])
     if (node.op == "call_function" and node.target in _SAME_RANK_FUNCS - {torch.cat, F.layer_norm}) or (
@@ -1067,7 +1161,9 @@ def _rank(node, modules):
     if node.op == "call_function" and node.target is torch.cat:
         return next((rank_of(t) for t in first if rank_of(t) is not None), None) if isinstance(
             first, (tuple, list)) else None
-    if node.op == "call_function" and node.target in (F.batch_norm, channel_scale, layer_norm2d):
+    if node.op == "call_function" and (node.target in (F.batch_norm, channel_scale, layer_norm2d) or (
+            getattr(node.target, "__name__", "") == "stochastic_depth"
+            and getattr(node.target, "__module__", "") == "torchvision.ops.stochastic_depth")):
         return r  # the other arguments are constants
     if (node.op == "call_function" and node.target in _SAME_RANK_FUNCS) or (
             node.op == "call_method" and node.target in _SAME_RANK_METHODS):
@@ -1087,6 +1183,8 @@ def _rank(node, modules):
     mean = _mean_dims(node)
     if mean is not None and r is not None:
         return r if mean[2] else r - len(set(mean[1]))
+    if _permute_dims(node) is not None:
+        return len(_permute_dims(node))
     if node.op == "call_method" and node.target in ("view", "reshape", "permute"):
         shape = node.args[1:]
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
@@ -1258,10 +1356,10 @@ def canonicalize(gm):
                 node.args, node.kwargs = (node.args[0], dim + ranks.pop()), {}
         elif ((node.op == "call_function" and node.target in (operator.mul, torch.mul)) or (
                 node.op == "call_method" and node.target == "mul")) and len(node.args) == 2 and not node.kwargs \
-                and rank_of(x) == 4 and (g_attr := _per_channel_constant(node.args[1], x)) is not None:
-            r = node.args[1]
-            node = replace(node, channel_scale, (x, g_attr))
-            if not r.users:
+                and (scaled := _channel_scaled(gm, node)) is not None:
+            v, r, g_attr = scaled
+            node = replace(node, channel_scale, (v, g_attr))
+            if r is not g_attr and not r.users:
                 g.erase_node(r)
                 erased.add(r)
         elif _permute_dims(node) == [0, 2, 3, 1] and rank_of(x) == 4 and (
@@ -1341,6 +1439,8 @@ def segments(gm):
                     outs.append(cur.value_of[m])
                 cur.exported.append((m, outs.index(cur.value_of[m])))
         cur.outputs = outs
+        if any(m in cur.channels_last for m, _ in cur.exported):
+            return  # a channels-last view read outside (a region cut short): all in PyTorch
         if outs and (cur.layers or len(cur.nodes) >= _MIN_SEGMENT_NODES):
             out.append(cur)
 

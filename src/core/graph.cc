@@ -942,6 +942,11 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
     }
     case QPACK_NODE_LINEAR: {
       const LinearSpec& s = n.linear->spec();
+      if (n.ceil_mode) {  // per pixel: over the channels of a rank-4 value (its NHWC rows)
+        need_rank(x.rank == 4 && x.d[1] == s.K, "(per pixel) a rank-4 input whose dim 1 is in_features");
+        y.d[1] = s.N;
+        return y;
+      }
       need_rank((x.rank == 2 || x.rank == 3) && x.d[x.rank - 1] == s.K,
                 "a rank-2 or rank-3 input whose last dim is in_features");
       y.d[x.rank - 1] = s.N;
@@ -1371,7 +1376,7 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       return;
     }
     case QPACK_NODE_LINEAR: {
-      const int64_t M = xs.numel() / xs.d[xs.rank - 1];
+      const int64_t M = xs.numel() / xs.d[n.ceil_mode ? 1 : xs.rank - 1];  // per pixel: N H W rows
       if (u8) {
         n.linear->kernel().run_u8(M, x, qx.scale, qx.zp, y);
       } else {

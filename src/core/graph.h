@@ -41,6 +41,7 @@ struct GraphNode {
   std::shared_ptr<const Linear> linear;  // LINEAR, by reference
   // pools; CHANNELS: kernel = {parts, part index}, stride[0] = shuffle groups;
   // CHANNEL_RANGE: kernel = {first channel, count}; LAYER_NORM: kernel[0] = the dim (1 or -1);
+  // LINEAR: ceil_mode = per pixel (over dim 1 of a rank-4 value);
   // ADAPTIVE_AVGPOOL2D: kernel = output {H, W}; RESIZE_*: kernel = output {H, W}
   // or {0, 0}, act_min / act_max = scale factors (H, W) or 0, ceil_mode = align_corners
   int64_t kernel[2] = {1, 1}, stride[2] = {1, 1}, pad[4] = {0, 0, 0, 0};  // t, l, b, r

@@ -241,6 +241,8 @@ def per_edge_reference(f, x):
                 sp = layer._spec
                 conv = F.conv1d if a.dim() == 3 else F.conv2d
                 r = conv(a, w, b, sp["stride"], sp["padding"], sp["dilation"], sp["groups"])
+            elif n.get("per_pixel"):  # over the channels of a rank-4 value
+                r = F.linear(a.movedim(1, -1), w, b).movedim(-1, 1)
             else:
                 r = F.linear(a, w, b)
             r = _layer_act(layer.activation, r)

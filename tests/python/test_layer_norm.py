@@ -185,6 +185,106 @@ def test_layer_norms_the_core_does_not_run_stay_in_pytorch():
         assert rel_err(f(x), model(x)) < 1e-5
 
 
+class Permute(nn.Module):
+    def __init__(self, dims):
+        super().__init__()
+        self.dims = dims
+
+    def forward(self, x):
+        return torch.permute(x, self.dims)
+
+
+class NhwcMlpBlock(nn.Module):
+    """ConvNeXt's block without conv_mlp, as torchvision (Permute modules, nn.LayerNorm,
+    layer_scale [C, 1, 1] times the block) or timm (x.permute, F.layer_norm on the
+    module's tensors, Dropout / Identity in the MLP, gamma.reshape(1, -1, 1, 1)) write it:
+    Linear layers over the channels of an NHWC view, between two permutes."""
+
+    def __init__(self, c=16, style="torchvision"):
+        super().__init__()
+        self.style = style
+        self.stem = nn.Conv2d(3, c, 4, 4)
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c, eps=1e-6)
+        self.fc1, self.fc2 = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.drop, self.ident = nn.Dropout(0.1), nn.Identity()
+        self.to_nhwc, self.to_nchw = Permute([0, 2, 3, 1]), Permute([0, 3, 1, 2])
+        self.layer_scale = nn.Parameter(torch.rand(c, 1, 1) + 0.5)
+        self.gamma = nn.Parameter(torch.rand(c) + 0.5)
+        self.head = nn.Conv2d(c, 5, 1)
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 1.5)
+            self.norm.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        x = self.stem(x)
+        if self.style == "torchvision":
+            y = self.to_nchw(self.fc2(F.gelu(self.fc1(self.norm(self.to_nhwc(self.dw(x)))))))
+            y = self.layer_scale * y
+        else:
+            y = self.dw(x).permute(0, 2, 3, 1)
+            y = F.layer_norm(y, self.norm.normalized_shape, self.norm.weight, self.norm.bias, self.norm.eps)
+            y = self.drop(self.fc2(self.ident(self.drop(F.gelu(self.fc1(y))))))
+            y = y.permute(0, 3, 1, 2).mul(self.gamma.reshape(1, -1, 1, 1))
+        return self.head(x + y)
+
+
+@pytest.mark.parametrize("style", ["torchvision", "timm"])
+def test_linear_layers_between_permutes_are_one_graph(style):
+    """The permutes to and from NHWC vanish: the core holds rank-4 values NHWC, so
+    the Linear layers run per pixel on the value itself (linear nodes with
+    per_pixel), fp32 and int8 on both backends, within the per-edge reference."""
+    torch.manual_seed(5)
+    model = NhwcMlpBlock(style=style).eval()
+    check_both(model, torch.randn(2, 3, 28, 24), ["layer_norm", "linear", "affine"])
+    f = qpack.freeze(model, progress=False)
+    assert [n.get("per_pixel", False) for n in G.runner_of(f)._spec["nodes"] if n["kind"] == "linear"] == [True] * 2
+
+
+class CutShort(nn.Module):
+    """Permutes around ops the region does not take (a softmax over the channels, a
+    view read outside the region): no channels-last region, still right."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.c, self.fc = nn.Conv2d(3, 8, 1), nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(self.c(x).permute(0, 2, 3, 1))
+        if self.how == "softmax":
+            return torch.softmax(y, -1).permute(0, 3, 1, 2)
+        return y.permute(0, 3, 1, 2) + y.mean()  # the view read twice
+
+
+@pytest.mark.parametrize("how", ["softmax", "read-twice"])
+def test_permutes_around_other_ops_stay_right(how):
+    torch.manual_seed(6)
+    model = CutShort(how).eval()
+    x = torch.randn(2, 3, 5, 7)
+    f = qpack.freeze(model, progress=False)
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-5
+    for n in (G.runner_of(f)._spec["nodes"] if plan(f) == "graph" else []):
+        assert not n.get("per_pixel")
+
+
+def test_per_pixel_linear_node_checks_its_input():
+    torch.manual_seed(7)
+    ref_layer = nn.Linear(4, 6).eval()
+    lin = qpack.freeze(ref_layer, progress=False)
+    g = _core.GraphHandle(F32, [dict(kind="linear", inputs=[0], output=1, op=lin._packed._h, per_pixel=True)],
+                          [0], [1])
+    with pytest.raises(qpack.InvalidArgumentError, match="per pixel"):
+        g.run([np.ones((2, 5), np.float32)], ["nchw"])
+    with pytest.raises(qpack.InvalidArgumentError, match="per pixel"):
+        g.run([np.ones((1, 5, 2, 2), np.float32)], ["nchw"])
+    x = torch.randn(1, 4, 3, 2)
+    y = torch.from_numpy(g.run([x.numpy()], ["nchw"], "nchw")[0])
+    with torch.no_grad():
+        assert torch.allclose(y, ref_layer(x.movedim(1, -1)).movedim(-1, 1), atol=1e-5)
+
+
 def test_saved_models_with_layer_norm_reload(tmp_path):
     torch.manual_seed(4)
     f = check_fp32(ConvNeXtBlock().eval(), torch.randn(1, 3, 16, 16))

@@ -402,7 +402,9 @@ typedef enum qpack_dtype {
 typedef enum qpack_node_kind {
   QPACK_NODE_CONV2D = 0,         /* conv: x [N, C, H, W] -> y, or [N, C, L] for a kernel of
                                     height 1 (conv1d); dtype by the conv's mode */
-  QPACK_NODE_LINEAR = 1,         /* linear over the last dim of a rank-2 or rank-3 value */
+  QPACK_NODE_LINEAR = 1,         /* linear over the last dim of a rank-2 or rank-3 value; with
+                                    ceil_mode = 1 over the channels of each pixel of a rank-4
+                                    value (a Linear between permutes to and from NHWC) */
   QPACK_NODE_ADD = 2,            /* inputs[0] + inputs[1] (same shape), then `activation` */
   QPACK_NODE_MAXPOOL2D = 3,      /* u8: output qparams = input qparams */
   QPACK_NODE_AVGPOOL2D = 4,
