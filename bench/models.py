@@ -102,7 +102,8 @@ def trained_like(model, example_shape, batches=4, seed=0):
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, 0, 0.01, generator=g)
-            nn.init.zeros_(m.bias)
+            if m.bias is not None:  # (torchvision's Swin has bias-free Linears)
+                nn.init.zeros_(m.bias)
         elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
             m.reset_running_stats()
             m.momentum = None

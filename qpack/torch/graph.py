@@ -423,6 +423,8 @@ class _Lowering:
             return
         ln = _layer_norm_args(node, self.modules)
         if ln is not None:
+            if rank_of(ln[0]) == 4:  # over W of an NHWC value (Swin's [B, H, W, C] tensors): PyTorch's
+                raise Unsupported("a LayerNorm over the last dim of a rank-4 value")  # contiguous rows are faster
             self.emit_layer_norm(node, *ln, dim=-1)
             return
         if node.op == "call_function" and node.target is channel_range:

@@ -132,6 +132,30 @@ void layer_norm_rows(const float* x, int64_t rows, int64_t C, const float* w, co
   }
 }
 
+// LayerNorm down the columns of a [len][cols] block (each column normalized
+// over its len values, weight and bias by row): the steps of
+// layer_norm_rows with the columns as vector lanes (loops over contiguous
+// columns). mean and inv: cols floats of scratch.
+void layer_norm_columns(const float* x, int64_t len, int64_t cols, const float* w, const float* b, float eps,
+                        float* mean, float* inv, float* y) {
+  for (int64_t c = 0; c < cols; ++c) mean[c] = inv[c] = 0.0f;
+  for (int64_t r = 0; r < len; ++r) {
+    for (int64_t c = 0; c < cols; ++c) mean[c] += x[r * cols + c];
+  }
+  const float inv_len = 1.0f / static_cast<float>(len);
+  for (int64_t c = 0; c < cols; ++c) mean[c] = mean[c] * inv_len;
+  for (int64_t r = 0; r < len; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float d = x[r * cols + c] - mean[c];
+      inv[c] += d * d;
+    }
+  }
+  for (int64_t c = 0; c < cols; ++c) inv[c] = 1.0f / std::sqrt(inv[c] * inv_len + eps);
+  for (int64_t r = 0; r < len; ++r) {
+    for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = (x[r * cols + c] - mean[c]) * inv[c] * w[r] + b[r];
+  }
+}
+
 // Storage of a value as outer x channels x inner (channels: logical dim 1):
 // NHWC rank-4 is (N*H*W, C, 1); rank 2 is (N, C, 1); rank 3 (N, C, L).
 void split_channels(const Shape& s, int64_t* outer, int64_t* channels, int64_t* inner) {
@@ -1598,6 +1622,18 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       if (!u8 && inner == 1) {
         parallel_range(rows, std::max<int64_t>(1, kGrain / C), [&](int64_t b, int64_t e) {
           layer_norm_rows(xf + b * C, e - b, C, w, sh, n.act_min, yf + b * C);
+        });
+        return;
+      }
+      if (!u8) {  // W of NHWC [N*H][W][C]: each block's C columns at once, rows of C contiguous
+        parallel_range(rows / inner, std::max<int64_t>(1, kGrain / (C * inner)), [&](int64_t b, int64_t e) {
+          thread_local std::vector<float> mean, inv;
+          mean.resize(static_cast<size_t>(inner));
+          inv.resize(static_cast<size_t>(inner));
+          for (int64_t o = b; o < e; ++o) {
+            layer_norm_columns(xf + o * C * inner, C, inner, w, sh, n.act_min, mean.data(), inv.data(),
+                               yf + o * C * inner);
+          }
         });
         return;
       }
