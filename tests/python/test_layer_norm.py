@@ -298,3 +298,33 @@ def test_saved_models_with_layer_norm_reload(tmp_path):
     desc = _file.describe(str(path))
     assert not desc["problems"], desc["problems"]
     assert "layer_norm" in [n["kind"] for gr in desc["graphs"] for n in gr["nodes"]]
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_graphs_with_the_new_nodes_keep_frozen_model_semantics(dtype):
+    """deepcopy, pickle and torch.save give the same outputs; releasing the originals
+    changes nothing; unfreeze (after release) gives the fp32 model back exactly."""
+    import copy
+    import io
+    import pickle
+    torch.manual_seed(8)
+    model = NhwcMlpBlock(style="timm").eval()
+    x = torch.randn(2, 3, 28, 24)
+    kw = dict(dtype="int8", example_inputs=[torch.randn_like(x) for _ in range(3)]) if dtype else {}
+    f = qpack.freeze(model, progress=False, **kw)
+    with torch.no_grad():
+        y = f(x)
+        buf = io.BytesIO()
+        torch.save(f, buf)
+        buf.seek(0)
+        for g in (copy.deepcopy(f), pickle.loads(pickle.dumps(f)), torch.load(buf, weights_only=False)):
+            assert torch.equal(g(x), y)
+        for m in f.modules():
+            if hasattr(m, "release_original"):
+                m.release_original()
+        assert torch.equal(f(x), y)
+        back = qpack.unfreeze(f)
+        if dtype is None:
+            assert torch.equal(back(x), model(x))
+        else:
+            assert rel_err(back(x), model(x)) < 0.05
