@@ -1991,18 +1991,20 @@ _CONV_POST_OPS = {"relu", "clamp", "hardswish", "hardsigmoid", "sigmoid", "silu"
 
 
 def _fuse_conv_activations(nodes, values, outputs):
-    """An f32 activation node whose input is an f32 conv2d's output that nothing else
-    reads becomes that convolution's post-op (oneDNN's eltwise, applied before the
-    store: one pass over the activations less); the conv writes the activation's
-    output. int8 graphs keep the node (u8 activations are a 256-entry table)."""
+    """An f32 activation node whose input is an f32 conv2d's or linear's output that
+    nothing else reads becomes part of that node (oneDNN's eltwise post-op, applied
+    before the store, or qpack's vector loop over the output right after); the layer
+    writes the activation's output. int8 graphs keep the node (u8 activations are a
+    256-entry table)."""
     readers = collections.Counter(v for n in nodes for v in n["inputs"])
     producer = {n["output"]: n for n in nodes}
     kept = []
     for n in nodes:
         p = producer.get(n["inputs"][0]) if n["kind"] == "activation" else None
         v = n["inputs"][0]
-        if (p is not None and p["kind"] == "conv2d" and "layer_index" in p and p.get("activation") is None
-                and n.get("activation") in _CONV_POST_OPS and readers[v] == 1 and v not in outputs
+        if (p is not None and p["kind"] in ("conv2d", "linear") and "layer_index" in p and p.get("activation") is None
+                and (p["kind"] == "linear" or n.get("activation") in _CONV_POST_OPS) and readers[v] == 1
+                and v not in outputs
                 and values[v][0] == "f32" and values[n["output"]][0] == "f32"):
             p.update(activation=n["activation"], act_min=n.get("act_min", 0.0), act_max=n.get("act_max", 0.0),
                      output=n["output"])

@@ -156,6 +156,16 @@ void layer_norm_columns(const float* x, int64_t len, int64_t cols, const float* 
   }
 }
 
+// y = act(x) over n floats (x and y may be the same array): ReLU's max, the
+// vector code (vec_math.h) where it has act, else activate_range.
+void activate_f32(qpack_activation act, float lo, float hi, const float* x, int64_t n, float* y) {
+  if (act == QPACK_ACT_RELU) {
+    for (int64_t i = 0; i < n; ++i) y[i] = std::max(x[i], 0.0f);
+  } else if (!activate_f32_vector(act, x, y, n)) {
+    activate_range(act, lo, hi, x, n, y);
+  }
+}
+
 // Storage of a value as outer x channels x inner (channels: logical dim 1):
 // NHWC rank-4 is (N*H*W, C, 1); rank 2 is (N, C, 1); rank 3 (N, C, L).
 void split_channels(const Shape& s, int64_t* outer, int64_t* channels, int64_t* inner) {
@@ -827,6 +837,11 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
         check(std::isfinite(a), QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (prelu): slopes must be finite");
       }
     }
+    if (n.kind == QPACK_NODE_LINEAR && n.act != QPACK_ACT_NONE) {
+      // an activation fused after the layer: f32 (oneDNN's post-op, else applied after it)
+      check(y.dtype == QPACK_DTYPE_F32, QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
+            " (linear): an activation after the linear is for f32 linears");
+    }
     if (n.kind == QPACK_NODE_CONV2D && n.act != QPACK_ACT_NONE) {
       // an activation fused after the layer's own: f32, where the kernel applies it
       check(y.dtype == QPACK_DTYPE_F32 && n.conv->kernel().fuses_f32(n.act), QPACK_STATUS_INVALID_ARGUMENT,
@@ -834,7 +849,7 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
             " after the convolution is for f32 convolutions that fuse it (oneDNN's)");
     }
     if (n.kind == QPACK_NODE_ADD || n.kind == QPACK_NODE_ACTIVATION ||
-        (n.kind == QPACK_NODE_CONV2D && n.act != QPACK_ACT_NONE)) {
+        ((n.kind == QPACK_NODE_CONV2D || n.kind == QPACK_NODE_LINEAR) && n.act != QPACK_ACT_NONE)) {
       check(n.act >= QPACK_ACT_NONE && n.act <= kLastActivation, QPACK_STATUS_INVALID_ARGUMENT,
             "node ", i, " (", kind, ") has an unknown activation ", static_cast<int>(n.act));
       if (n.act == QPACK_ACT_LEAKY_RELU) {
@@ -1403,8 +1418,14 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       const int64_t M = xs.numel() / xs.d[n.ceil_mode ? 1 : xs.rank - 1];  // per pixel: N H W rows
       if (u8) {
         n.linear->kernel().run_u8(M, x, qx.scale, qx.zp, y);
-      } else {
+      } else if (n.act == QPACK_ACT_NONE ||
+                 !n.linear->kernel().run_f32_fused(M, xf, yf, n.act, n.act_min, n.act_max)) {
         n.linear->kernel().run_f32(M, xf, yf);
+        if (n.act != QPACK_ACT_NONE) {  // not fused by the backend: on the output, right after
+          parallel_range(count, kGrain, [&](int64_t b, int64_t e) {
+            activate_f32(n.act, n.act_min, n.act_max, yf + b, e - b, yf + b);
+          });
+        }
       }
       return;
     }
@@ -1774,10 +1795,8 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
         if (u8) {
           const uint8_t* lut = n.lut.data();
           for (int64_t i = b + lut_u8_vector(lut, x + b, e - b, y + b); i < e; ++i) y[i] = lut[x[i]];
-        } else if (n.act == QPACK_ACT_RELU) {
-          for (int64_t i = b; i < e; ++i) yf[i] = std::max(xf[i], 0.0f);
-        } else if (!activate_f32_vector(n.act, xf + b, yf + b, e - b)) {
-          activate_range(n.act, n.act_min, n.act_max, xf + b, e - b, yf + b);
+        } else {
+          activate_f32(n.act, n.act_min, n.act_max, xf + b, e - b, yf + b);
         }
       });
       return;

@@ -10,6 +10,14 @@ void LinearKernel::run_f32(int64_t M, const float* x, float* y) const {
   if (M > 0) do_run_f32(M, x, y);
 }
 
+bool LinearKernel::run_f32_fused(int64_t M, const float* x, float* y, qpack_activation act, float lo,
+                                 float hi) const {
+  check_run_mode(spec_, OpKind::linear, false);
+  if (spec_.mode != QPACK_MODE_F32 || M <= 0 || !do_run_f32_fused(M, x, y, act, lo, hi)) return false;
+  counters_.ran();
+  return true;
+}
+
 void LinearKernel::run_u8(int64_t M, const uint8_t* x, float input_scale,
                           int32_t input_zero_point, uint8_t* y) const {
   check_run_mode(spec_, OpKind::linear, true);

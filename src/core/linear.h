@@ -28,6 +28,10 @@ class LinearKernel : public Kernel {
   using Spec = LinearSpec;
   // F32 and INT8_DYNAMIC: x [M, K] float -> y [M, N] float.
   void run_f32(int64_t M, const float* x, float* y) const;
+  // F32: y = act(x W^T + b) with act fused into the backend's kernel (applied
+  // before the store) where it can for this M; false, and nothing done, where
+  // it cannot: the caller runs run_f32 and applies act itself.
+  bool run_f32_fused(int64_t M, const float* x, float* y, qpack_activation act, float lo, float hi) const;
   // INT8_STATIC: x [M, K] uint8 (input_scale, input_zero_point) -> y [M, N]
   // uint8 with the spec's output parameters.
   void run_u8(int64_t M, const uint8_t* x, float input_scale, int32_t input_zero_point,
@@ -37,6 +41,9 @@ class LinearKernel : public Kernel {
  protected:
   explicit LinearKernel(const LinearSpec& spec) : spec_(spec) {}
   virtual void do_run_f32(int64_t M, const float* x, float* y) const;
+  virtual bool do_run_f32_fused(int64_t, const float*, float*, qpack_activation, float, float) const {
+    return false;
+  }
   virtual void do_run_u8(int64_t M, const uint8_t* x, float input_scale,
                          int32_t input_zero_point, uint8_t* y) const;
 

@@ -45,8 +45,16 @@ using dnnl::memory;
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
+// An eltwise post-op after the matmul (f32 graphs: GELU after a Linear).
+struct PostAct {
+  qpack_activation act = QPACK_ACT_NONE;
+  float lo = 0, hi = 0;
+  bool operator==(const PostAct& o) const { return act == o.act && lo == o.lo && hi == o.hi; }
+};
+
 struct Prim {
   int64_t M;
+  PostAct post;
   bool split;       // int8_split.h's mode
   int wanted_zps;   // the zero points the runs it serves need (runtime.h's ZeroPoints)
   int zps;          // those the primitive takes: wanted_zps, or both
@@ -141,6 +149,21 @@ class OnednnLinear final : public LinearKernel {
     // Dynamic: choose the input's parameters as PyTorch does, quantize, run u8 x s8 -> f32.
     const DynamicInput in = quantize_dynamic(x, M * spec_.K);
     run_int8(M, in.data, RunQuant{in.q.scale, in.q.zero_point, 1.0f, 0}, y);
+  }
+
+  // The activation as oneDNN's eltwise post-op of the matmul, where the matmul
+  // runs (not the few rows qpack's own kernels take): GELU, Hardswish and
+  // LeakyReLU, which keep NaN there. SiLU and sigmoid stay with the caller's
+  // vector loop (twice as fast on Zen 4, conv.cc), and so do ReLU, clamps and
+  // Hardsigmoid (oneDNN's turn NaN into a number; the caller's loop is cheap).
+  bool do_run_f32_fused(int64_t M, const float* x, float* y, qpack_activation act, float lo,
+                        float hi) const override {
+    if ((f32_nstride_ > 0 && M <= kGemvF32MaxRows) || (own_f32_ && gemm_f32_fits(M, spec_.K)) ||
+        !(act == QPACK_ACT_GELU || act == QPACK_ACT_HARDSWISH || act == QPACK_ACT_LEAKY_RELU)) {
+      return false;
+    }
+    execute_matmul(M, const_cast<float*>(x), y, nullptr, false, PostAct{act, lo, hi});
+    return true;
   }
 
   void do_run_u8(int64_t M, const uint8_t* x, float input_scale, int32_t input_zero_point,
@@ -240,9 +263,16 @@ class OnednnLinear final : public LinearKernel {
   // ZeroPoints): without them oneDNN's int8 gemm skips its per-call
   // compensation (Zen 3, 1x512x512: 64 -> 33 us).
   dnnl::matmul::primitive_desc make_pd(int64_t M, const memory::desc& wei_md, bool split,
-                                       int zps = kBothZp) const {
-    const auto attr = make_attr(quant_of(spec_, split), spec_.per_channel() ? (1 << 1) : 0,
-                                spec_.clamp_min, spec_.clamp_max, zps);
+                                       int zps = kBothZp, const PostAct& post = {}) const {
+    auto attr = make_attr(quant_of(spec_, split), spec_.per_channel() ? (1 << 1) : 0,
+                          spec_.clamp_min, spec_.clamp_max, zps);
+    dnnl::algorithm alg;
+    float alpha, beta;
+    if (post.act != QPACK_ACT_NONE && eltwise_of(post.act, post.lo, post.hi, &alg, &alpha, &beta)) {
+      dnnl::post_ops po = attr.get_post_ops();
+      po.append_eltwise(alg, alpha, beta);
+      attr.set_post_ops(po);
+    }
     memory::desc src_md({M, spec_.K}, src_dt(), tag::ab);
     memory::desc dst_md({M, spec_.N}, dst_dt(split), tag::ab);
     if (!with_bias(split)) return dnnl::matmul::primitive_desc(engine(), src_md, wei_md, dst_md, attr);
@@ -252,24 +282,25 @@ class OnednnLinear final : public LinearKernel {
 
   // A primitive without the zero points that are 0 where it takes the packed
   // weight as it is (or its bytes, without the compensation terms), else with both.
-  Prim build(int64_t M, bool split, int zps) const {
+  Prim build(int64_t M, bool split, int zps, const PostAct& post) const {
     try {
       if (zps != kBothZp) {
         try {
           const memory::desc packed = packed_.get_desc();
           const bool plain = packed.get_size() == static_cast<size_t>(spec_.K * spec_.N) * spec_.weight_elem_size();
-          auto pd = make_pd(M, plain ? packed : memory::desc({spec_.K, spec_.N}, wei_dt(), tag::any), split, zps);
+          auto pd = make_pd(M, plain ? packed : memory::desc({spec_.K, spec_.N}, wei_dt(), tag::any), split, zps,
+                            post);
           const memory::desc md = pd.weights_desc();
           if (!is_reference(pd) && (md == packed || same_blocking(md, packed))) {
-            return Prim{M, split, zps, zps, memory(md, engine(), packed_.get_data_handle()),
+            return Prim{M, post, split, zps, zps, memory(md, engine(), packed_.get_data_handle()),
                         dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
           }
         } catch (const dnnl::error&) {
           // the primitive with both zero points below
         }
       }
-      auto pd = make_pd(M, packed_.get_desc(), split);
-      return Prim{M, split, zps, kBothZp, packed_, dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
+      auto pd = make_pd(M, packed_.get_desc(), split, kBothZp, post);
+      return Prim{M, post, split, zps, kBothZp, packed_, dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
     } catch (const dnnl::error& e) {
       fail(QPACK_STATUS_BACKEND_ERROR, "oneDNN has no matmul for batch ", M,
            " with the packed weight layout: ", e.what());
@@ -323,11 +354,14 @@ class OnednnLinear final : public LinearKernel {
     }
   }
 
-  void execute_matmul(int64_t M, void* src, void* dst, const RunQuant* rq, bool split) const {
+  void execute_matmul(int64_t M, void* src, void* dst, const RunQuant* rq, bool split,
+                      const PostAct& post = {}) const {
     const int zps = needed_zero_points(quant_of(spec_, split), rq);
     const auto held = prims_.get(
-        [M, split, zps](const Prim& p) { return p.M == M && p.split == split && p.wanted_zps == zps; },
-        [&] { return build(M, split, zps); }, [](const Prim&, const Prim&) { return true; });
+        [M, split, zps, &post](const Prim& p) {
+          return p.M == M && p.split == split && p.wanted_zps == zps && p.post == post;
+        },
+        [&] { return build(M, split, zps, post); }, [](const Prim&, const Prim&) { return true; });
     const Prim& prim = held->prim;
     const memory src_m({{M, spec_.K}, src_dt(), tag::ab}, engine(), src);
     const memory dst_m({{M, spec_.N}, dst_dt(split), tag::ab}, engine(), dst);
