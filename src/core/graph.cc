@@ -1658,8 +1658,8 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
         });
         return;
       }
-      // u8, or strided rows: each row gathered in float (u8: dequantized, scale
-      // and shift over qy.scale), normalized, written back (u8: requantized)
+      // u8 (dequantized, scale and shift over qy.scale, requantized), or
+      // strided rows (gathered in float, normalized, written back)
       std::vector<float> wq(w, w + C), bq(sh, sh + C);
       if (u8) {
         for (int64_t c = 0; c < C; ++c) {
@@ -1668,6 +1668,23 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
         }
       }
       const float zy = static_cast<float>(qy.zp);
+      if (inner == 1) {  // u8 rows, contiguous: blocks of rows dequantized, normalized, requantized
+        const int64_t block = std::max<int64_t>(1, 16384 / C);
+        parallel_range(rows, std::max<int64_t>(1, kGrain / C), [&](int64_t b, int64_t e) {
+          thread_local std::vector<float> buf;
+          buf.resize(static_cast<size_t>(std::min(block, e - b) * C));
+          for (int64_t r0 = b; r0 < e; r0 += block) {
+            const int64_t n_el = (std::min(e, r0 + block) - r0) * C;
+            const uint8_t* xb = x + r0 * C;
+            for (int64_t i = dequantize_u8_vector(xb, n_el, qx.scale, qx.zp, buf.data()); i < n_el; ++i) {
+              buf[i] = qx.deq(xb[i]);
+            }
+            layer_norm_rows(buf.data(), n_el / C, C, wq.data(), bq.data(), n.act_min, buf.data());
+            store_u8(buf.data(), n_el, zy, y + r0 * C);
+          }
+        });
+        return;
+      }
       parallel_range(rows, std::max<int64_t>(1, kGrain / C), [&](int64_t b, int64_t e) {
         thread_local std::vector<float> row;
         thread_local std::vector<uint8_t> bytes;
@@ -1679,8 +1696,6 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
           layer_norm_rows(row.data(), 1, C, wq.data(), bq.data(), n.act_min, row.data());
           if (!u8) {
             for (int64_t c = 0; c < C; ++c) yf[base + c * inner] = row[c];
-          } else if (inner == 1) {
-            store_u8(row.data(), C, zy, y + base);
           } else {
             store_u8(row.data(), C, zy, bytes.data());
             for (int64_t c = 0; c < C; ++c) y[base + c * inner] = bytes[c];
