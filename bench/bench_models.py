@@ -167,15 +167,20 @@ class OrtFiles:
         if self._int8 is None:
             src = self.fp32()
             pre = os.path.join(self.dir, "fp32_pre.onnx")
+            here = os.getcwd()
+            os.chdir(self.dir)  # ORT's shape inference and external data write into the working folder
             try:
-                ortq.quant_pre_process(src, pre, skip_symbolic_shape=False)
-            except Exception:  # noqa: BLE001 - pre-processing is optional
-                pre = src
-            path = os.path.join(self.dir, "int8_qdq.onnx")
-            ortq.quantize_static(pre, path, _Reader("x", self.calib), quant_format=ortq.QuantFormat.QDQ,
-                                 per_channel=True, weight_type=ortq.QuantType.QInt8,
-                                 activation_type=ortq.QuantType.QUInt8,
-                                 calibrate_method=ortq.CalibrationMethod.MinMax)
+                try:
+                    ortq.quant_pre_process(src, pre, skip_symbolic_shape=False)
+                except Exception:  # noqa: BLE001 - pre-processing is optional
+                    pre = src
+                path = os.path.join(self.dir, "int8_qdq.onnx")
+                ortq.quantize_static(pre, path, _Reader("x", self.calib), quant_format=ortq.QuantFormat.QDQ,
+                                     per_channel=True, weight_type=ortq.QuantType.QInt8,
+                                     activation_type=ortq.QuantType.QUInt8,
+                                     calibrate_method=ortq.CalibrationMethod.MinMax)
+            finally:
+                os.chdir(here)
             self._int8 = path
         return self._int8
 
