@@ -322,6 +322,13 @@ def _activation_of(node, cur, modules):
     return None
 
 
+def _read_by_their_parent(model):
+    """ids of the modules whose parent's forward reads their tensors itself, traced
+    or not: nn.MultiheadAttention's out_proj (torchvision's ViT)."""
+    return {id(c) for m in model.modules() if isinstance(m, nn.MultiheadAttention)
+            for c in m.modules() if c is not m}
+
+
 def _analyze(model, rules):
     """{id(layer): (bn, activation)}, the modules that become Identity, and the layers
     whose tensors the forward reads itself (left unfrozen), from an fx trace."""
@@ -330,13 +337,19 @@ def _analyze(model, rules):
         def is_leaf_module(self, m, qualname):
             return type(m) in rules or isinstance(m, _BatchNorm) or super().is_leaf_module(m, qualname)
 
-    graph = Tracer().trace(model)
+    from qpack.torch.graph import trace_clean
+    graph = trace_clean(Tracer(), model)
     modules = dict(model.named_modules(remove_duplicate=False))
     calls = collections.Counter()
     keep = set()
     for n in graph.nodes:
         if n.op == "call_module":
             calls[id(modules[n.target])] += 1
+            mod = modules[n.target]
+            if type(mod) not in rules and not isinstance(mod, _BatchNorm):
+                # a leaf of torch.nn that reads its children's tensors itself (nn.MultiheadAttention
+                # hands out_proj.weight to a function): those children stay as they are
+                keep.update(id(c) for c in mod.modules() if c is not mod and type(c) in rules)
         elif n.op == "get_attr":
             # a module read as an attribute may be used in ways the graph does not show
             obj = modules.get(n.target)
@@ -639,7 +652,10 @@ def _try_graph(frozen):
             warnings.warn(f"qpack.freeze: the model runs layer by layer, not as a core graph: {e}",
                           FreezeWarning, stacklevel=3)
         elif str(e).startswith("trace"):  # untraceable forward: graphs for the submodules that trace
-            _g.attach_parts(frozen)
+            try:
+                _g.attach_parts(frozen)
+            except Exception:  # noqa: BLE001 - submodules that break when traced (timm's LeViT caches
+                _g.detach(frozen)  # a tensor in the module in its forward): layer by layer, all of it
         return None
     except qpack_error:
         return None
@@ -660,7 +676,10 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
     try:
         gm = _g.trace(fp32)
     except Exception:  # noqa: BLE001 - untraceable: int8 graphs for the submodules that trace
-        frozen = _freeze_int8_parts(fp32, backend, retain, batches, show_progress, bits)
+        try:
+            frozen = _freeze_int8_parts(fp32, backend, retain, batches, show_progress, bits)
+        except Exception:  # noqa: BLE001 - submodules that break when traced (timm's LeViT caches a
+            frozen = None  # tensor in the module in its forward): the layer-by-layer int8 freeze
         for w in caught if frozen is not None else ():
             warnings.warn(w.message, w.category, stacklevel=4)
         return frozen
@@ -869,7 +888,7 @@ def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fu
                 f"qpack.freeze: torch.fx could not trace {type(model).__name__} ({reason}); swapping layers "
                 f"{where}", FreezeWarning, stacklevel=3)
 
-    seen, layers = set(keep), []
+    seen, layers = set(keep) | _read_by_their_parent(model), []
     for m in model.modules():
         if type(m) in rules and id(m) not in seen:
             seen.add(id(m))

@@ -158,6 +158,8 @@ class _Lowering:
         return len(self.values) - 1
 
     def arg(self, a):
+        if isinstance(a, torch.fx.Node) and a.meta.get("qpack_shape_value"):
+            raise Unsupported("shape arithmetic (a size, not a tensor): it stays in PyTorch")
         if isinstance(a, torch.fx.Node) and a not in self.value_of and self.open_inputs:
             self.inputs.append(self.new_value(a))
             self.input_nodes.append(a)
@@ -595,13 +597,32 @@ class _Lowering:
         return False
 
 
+def trace_clean(tracer, model):
+    """tracer.trace(model), then the fx proxies the forward stored in the modules
+    removed: a forward that caches into its module (timm's LeViT keeps attention
+    biases in a dict keyed by str(x.device)) would otherwise leave one there, and
+    a later deepcopy of the model copies it into half-built modules."""
+    try:
+        return tracer.trace(model)
+    finally:
+        for m in model.modules():
+            for k, v in list(m.__dict__.items()):
+                if isinstance(v, torch.fx.Proxy):
+                    del m.__dict__[k]
+                elif isinstance(v, dict):
+                    for kk in [kk for kk, vv in v.items() if isinstance(vv, torch.fx.Proxy)]:
+                        del v[kk]
+                elif isinstance(v, list) and any(isinstance(x, torch.fx.Proxy) for x in v):
+                    v[:] = [x for x in v if not isinstance(x, torch.fx.Proxy)]
+
+
 def trace(model):
     """fx trace of a layer-frozen model, frozen layers as leaves."""
     class Tracer(torch.fx.Tracer):
         def is_leaf_module(self, m, qualname):
             return isinstance(m, (FrozenConv1d, FrozenConv2d, FrozenLinear)) or super().is_leaf_module(m, qualname)
 
-    graph = Tracer().trace(model)
+    graph = trace_clean(Tracer(), model)
     try:
         gm = torch.fx.GraphModule(model, graph)
     except Exception as e:  # noqa: BLE001 - e.g. a submodule named like a GraphModule attribute
@@ -1253,6 +1274,9 @@ def _unit_dims(node, modules):
     return frozenset()
 
 
+_SHAPE_ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.mod}
+
+
 def canonicalize(gm):
     """Rewrites shape spellings in a trace to ops the core runs, in place, and
     records each value's rank where its ops tell it (node.meta["qpack_rank"]):
@@ -1282,6 +1306,10 @@ def canonicalize(gm):
             continue
         node.meta["qpack_rank"] = _rank(node, modules)
         shapes.visit(node)
+        fx_args = [a for a in node.args if isinstance(a, torch.fx.Node)]
+        if node in shapes.sym or (node.op == "call_function" and node.target in _SHAPE_ARITHMETIC and fx_args
+                                  and all(a.meta.get("qpack_shape_value") for a in fx_args)):
+            node.meta["qpack_shape_value"] = True  # a size or a number made of sizes, not a tensor
         terms = shapes.terms(node)
         x = node.args[0] if node.args else None
         if (terms is not None and len(terms) == 2 and terms[1] == -1 and isinstance(terms[0], tuple)

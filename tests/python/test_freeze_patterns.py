@@ -1,0 +1,97 @@
+"""Patterns of models from other packages that freeze had to learn: a layer its parent
+reads itself (nn.MultiheadAttention's out_proj, as torchvision's ViT uses it), shape
+arithmetic between ops (ViT's n_h * n_w), and a forward that caches a tensor in its
+module (timm's LeViT keeps attention biases in a dict keyed by str(x.device)): each
+freezes fp32 and int8, runs, and matches eager."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qpack
+from qpack.torch import graph as G
+
+from test_graph import rel_err
+
+
+class AttentionBlock(nn.Module):
+    """Patch embedding, nn.MultiheadAttention, an MLP, a head."""
+
+    def __init__(self, c=32):
+        super().__init__()
+        self.embed = nn.Conv2d(3, c, 4, 4)
+        self.attn = nn.MultiheadAttention(c, 4, batch_first=True)
+        self.norm = nn.LayerNorm(c)
+        self.fc1, self.fc2, self.head = nn.Linear(c, 2 * c), nn.Linear(2 * c, c), nn.Linear(c, 10)
+
+    def forward(self, x):
+        n, c, h, w = self.embed(x).shape
+        t = self.embed(x).reshape(n, c, h * w).permute(0, 2, 1)  # the size arithmetic of ViT's _process_input
+        t = t + self.attn(t, t, t, need_weights=False)[0]
+        t = t + self.fc2(F.gelu(self.fc1(self.norm(t))))
+        return self.head(t.mean(1))
+
+
+class Cached(nn.Module):
+    """A forward that caches a tensor in the module by a key made from the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+        self.bias = nn.Parameter(torch.randn(8, 1, 1))
+        self.cache = {}
+
+    def forward(self, x):
+        key = str(x.device)
+        if key not in self.cache:
+            self.cache[key] = self.bias * 2
+        return self.c2(F.relu(self.c1(x)) + self.cache[key])
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_multihead_attention_keeps_its_out_proj(dtype):
+    torch.manual_seed(0)
+    model = AttentionBlock().eval()
+    x = torch.randn(2, 3, 32, 32)
+    kw = dict(dtype="int8", example_inputs=[torch.randn_like(x) for _ in range(3)]) if dtype else {}
+    f = qpack.freeze(model, progress=False, **kw)
+    assert type(f.attn.out_proj) is type(model.attn.out_proj)  # nn.MultiheadAttention reads its weight
+    with torch.no_grad():  # int8: a small random transformer, 3 calibration batches (a broken one is ~1)
+        assert rel_err(f(x), model(x)) < (1e-5 if dtype is None else 0.25)
+    assert "layer_norm" in (qpack.graph_report(f) or "")
+
+
+def test_shape_arithmetic_stays_in_pytorch():
+    """h * w of sizes is no tensor: no graph node takes it (an int8 freeze calibrates
+    every graph value, and a size has no range)."""
+    torch.manual_seed(1)
+    model = AttentionBlock().eval()
+    x = torch.randn(1, 3, 32, 32)
+    f = qpack.freeze(model, dtype="int8", example_inputs=[torch.randn_like(x) for _ in range(2)], progress=False)
+    report = qpack.graph_report(f) or ""
+    assert " u8 " in report, report  # int8 graphs (a size taken as a graph value failed calibration)
+    runner = G.runner_of(f)
+    for seg in runner._segments:
+        names = [n["fx"].name for n in seg.spec["nodes"] if "fx" in n]
+        assert not any(n.startswith(("floordiv", "getattr", "getitem")) for n in names), names
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 0.25
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_a_forward_that_caches_into_its_module(dtype):
+    torch.manual_seed(2)
+    model = Cached().eval()
+    x = torch.randn(2, 3, 9, 7)
+    with torch.no_grad():
+        ref = model(x)
+    kw = dict(dtype="int8", example_inputs=[torch.randn_like(x) for _ in range(3)]) if dtype else {}
+    f = qpack.freeze(model, progress=False, **kw)
+    for m in (model, f):  # tracing left no fx proxy in either module's cache
+        assert all(not isinstance(v, torch.fx.Proxy) for v in m.cache.values()), m.cache
+    with torch.no_grad():
+        assert rel_err(f(x), ref) < (1e-5 if dtype is None else 0.1)
+        assert rel_err(copy.deepcopy(f)(x), f(x)) == 0
+        assert torch.equal(model(x), ref)
