@@ -1664,9 +1664,15 @@ def qparams_by_name(segs, ranges, qmax=255):
     (a QParams)."""
     out = QParams()
     out.qmax = qmax
+    inputs = {}
     for seg in segs:
+        produced = {n["output"] for n in seg.nodes}
         for v, qp in value_qparams(seg, ranges, qmax).items():
-            out[seg.values[v].name] = qp
+            # a value some segment produces keeps that segment's qparams (a channel_range's
+            # are its input's); where it is another segment's input they would be its own range's
+            (out if v in produced else inputs)[seg.values[v].name] = qp
+    for name, qp in inputs.items():
+        out.setdefault(name, qp)
     return out
 
 

@@ -95,3 +95,32 @@ def test_a_forward_that_caches_into_its_module(dtype):
         assert rel_err(f(x), ref) < (1e-5 if dtype is None else 0.1)
         assert rel_err(copy.deepcopy(f)(x), f(x)) == 0
         assert torch.equal(model(x), ref)
+
+
+class SplitAcrossSegments(nn.Module):
+    """CSPNet's split: a channel slice read by an op the graph does not run (torch.roll)
+    and by the next segment itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 1)
+        with torch.no_grad():
+            self.c1.weight[4:] *= 10  # the slice's own range is well inside its input's
+
+    def forward(self, x):
+        y = F.relu(self.c1(x))
+        a = y[:, :4]
+        return self.c2(torch.cat([torch.roll(a, 1, 2), a], 1))
+
+
+def test_a_channel_slice_read_by_the_next_segment_keeps_its_input_qparams():
+    """The slice's u8 parameters are its input's in the segment that makes it, and the
+    segment that reads it takes the same ones (an int8 freeze ran layer by layer before)."""
+    torch.manual_seed(3)
+    model = SplitAcrossSegments().eval()
+    x = torch.randn(2, 3, 10, 9)
+    f = qpack.freeze(model, dtype="int8", example_inputs=[torch.randn_like(x) for _ in range(3)], progress=False)
+    report = qpack.graph_report(f) or ""
+    assert "channel_range" in report and "segment" in report, report
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 0.1
