@@ -57,6 +57,16 @@ class _Frozen(nn.Module):
         self._weight_scale = None if weight_scale is None else weight_scale.detach().to(torch.float32).contiguous()
         self._packed = self._pack(weight, bias)
 
+    def __getattr__(self, name):
+        if name in ("weight", "bias"):  # code that reads a layer's tensors itself: say what to do
+            raise AttributeError(
+                f"{type(self).__name__} holds its weight packed, with no .{name} tensor: .unpack() gives "
+                f"(weight, bias) as copies. A model whose own code reads a layer's .weight needs that layer "
+                f"unfrozen: freeze leaves nn.MultiheadAttention's out_proj and the layers a traced forward "
+                f"reads alone; for others, pass freeze a mapping whose Rule for that layer's type converts "
+                f"to None (qpack.torch.Rule(lambda m, ctx, **kw: None))")
+        return super().__getattr__(name)
+
     # ---- packing --------------------------------------------------------------------
 
     @classmethod

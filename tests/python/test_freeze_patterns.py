@@ -124,3 +124,28 @@ def test_a_channel_slice_read_by_the_next_segment_keeps_its_input_qparams():
     assert "channel_range" in report and "segment" in report, report
     with torch.no_grad():
         assert rel_err(f(x), model(x)) < 0.1
+
+
+def test_reading_a_frozen_layers_weight_says_what_to_do():
+    """Code that reads .weight of a frozen layer gets an AttributeError that says why
+    and how to keep such a layer unfrozen (a Rule converting to None), which works."""
+    from qpack.torch import Rule
+
+    class ReadsWeight(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.out = nn.Linear(6, 6), nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.out(F.linear(x, self.fc.weight.t()))  # reads its layer's weight itself
+
+    torch.manual_seed(4)
+    model = ReadsWeight().eval()
+    x = torch.randn(2, 6)
+    lin = qpack.freeze(nn.Linear(6, 6).eval(), progress=False)
+    with pytest.raises(AttributeError, match="holds its weight packed.*unpack"):
+        lin.weight
+    assert not hasattr(lin, "bias") and lin.unpack()[0].shape == (6, 6)
+    f = qpack.freeze(model, progress=False, mapping={nn.Linear: Rule(lambda m, ctx, **kw: None)})
+    with torch.no_grad():
+        assert torch.equal(f(x), model(x))
