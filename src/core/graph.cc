@@ -1658,14 +1658,11 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
         });
         return;
       }
-      // u8 (dequantized, scale and shift over qy.scale, requantized), or
-      // strided rows (gathered in float, normalized, written back)
+      // u8: dequantized, normalized with scale and shift over qy.scale, requantized
       std::vector<float> wq(w, w + C), bq(sh, sh + C);
-      if (u8) {
-        for (int64_t c = 0; c < C; ++c) {
-          wq[c] /= qy.scale;
-          bq[c] /= qy.scale;
-        }
+      for (int64_t c = 0; c < C; ++c) {
+        wq[c] /= qy.scale;
+        bq[c] /= qy.scale;
       }
       const float zy = static_cast<float>(qy.zp);
       if (inner == 1) {  // u8 rows, contiguous: blocks of rows dequantized, normalized, requantized
@@ -1686,20 +1683,16 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
         return;
       }
       parallel_range(rows, std::max<int64_t>(1, kGrain / C), [&](int64_t b, int64_t e) {
-        thread_local std::vector<float> row;
+        thread_local std::vector<float> row;  // u8 rows at stride inner: gathered, written back
         thread_local std::vector<uint8_t> bytes;
         row.resize(static_cast<size_t>(C));
         bytes.resize(static_cast<size_t>(C));
         for (int64_t r = b; r < e; ++r) {
           const int64_t base = (r / inner) * C * inner + r % inner;  // element 0 of row r
-          for (int64_t c = 0; c < C; ++c) row[c] = u8 ? qx.deq(x[base + c * inner]) : xf[base + c * inner];
+          for (int64_t c = 0; c < C; ++c) row[c] = qx.deq(x[base + c * inner]);
           layer_norm_rows(row.data(), 1, C, wq.data(), bq.data(), n.act_min, row.data());
-          if (!u8) {
-            for (int64_t c = 0; c < C; ++c) yf[base + c * inner] = row[c];
-          } else {
-            store_u8(row.data(), C, zy, bytes.data());
-            for (int64_t c = 0; c < C; ++c) y[base + c * inner] = bytes[c];
-          }
+          store_u8(row.data(), C, zy, bytes.data());
+          for (int64_t c = 0; c < C; ++c) y[base + c * inner] = bytes[c];
         }
       });
       return;

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "backends/onednn/own_u8.h"
-#include "core/parallel.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -82,18 +81,8 @@ QPACK_GEMV_F32_TARGET void block(const GemvF32& a, const float* x, int64_t nb, f
 }  // namespace
 
 void gemv_f32(const GemvF32& a, int threads) {
-  const int64_t blocks = (a.N + 63) / 64;
-  // a part below 4 blocks of 64 outputs x 256 inputs is not worth waking a thread for
-  const int64_t grain = std::max<int64_t>(2, 4 * 256 / std::max<int64_t>(a.K, 1));
-  parallel_chunks(blocks, grain, threads, [&](int, int64_t b0, int64_t b1) {
-    for (int64_t nb = b0; nb < b1; ++nb) {
-      switch (a.M) {
-        case 4: block<4>(a, a.x, nb, a.y); break;
-        case 3: block<3>(a, a.x, nb, a.y); break;
-        case 2: block<2>(a, a.x, nb, a.y); break;
-        default: block<1>(a, a.x, nb, a.y); break;
-      }
-    }
+  for_gemv_blocks(a.M, a.K, a.N, 256, threads, [&](auto rows, int64_t m, int64_t nb) {
+    block<decltype(rows)::value>(a, a.x + m * a.K, nb, a.y + m * a.N);
   });
 }
 

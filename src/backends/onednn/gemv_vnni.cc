@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "backends/onednn/own_u8.h"
-#include "core/parallel.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -105,20 +104,8 @@ QPACK_VNNI_TARGET void block(const GemvVnni& a, const uint8_t* x, int64_t nb, in
 }  // namespace
 
 void gemv_vnni(const GemvVnni& a, int threads) {
-  const int64_t blocks = (a.N + 63) / 64;
-  // a part below 4 blocks of 64 outputs x 512 inputs is not worth waking a thread for
-  const int64_t grain = std::max<int64_t>(2, 4 * 512 / std::max<int64_t>(a.K, 1));
-  parallel_chunks(blocks, grain, threads, [&](int, int64_t b0, int64_t b1) {
-    for (int64_t nb = b0; nb < b1; ++nb) {
-      int64_t m = 0;
-      for (; m + 4 <= a.M; m += 4) block<4>(a, a.x + m * a.K, nb, a.acc + m * a.N);
-      switch (a.M - m) {
-        case 3: block<3>(a, a.x + m * a.K, nb, a.acc + m * a.N); break;
-        case 2: block<2>(a, a.x + m * a.K, nb, a.acc + m * a.N); break;
-        case 1: block<1>(a, a.x + m * a.K, nb, a.acc + m * a.N); break;
-        default: break;
-      }
-    }
+  for_gemv_blocks(a.M, a.K, a.N, 512, threads, [&](auto rows, int64_t m, int64_t nb) {
+    block<decltype(rows)::value>(a, a.x + m * a.K, nb, a.acc + m * a.N);
   });
 }
 

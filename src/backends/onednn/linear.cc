@@ -125,6 +125,11 @@ class OnednnLinear final : public LinearKernel {
   }
 
  protected:
+  // Whether an f32 run of M rows takes qpack's own kernels (gemv_f32, gemm_f32), not the matmul.
+  bool runs_own_f32(int64_t M) const {
+    return (f32_nstride_ > 0 && M <= kGemvF32MaxRows) || (own_f32_ && gemm_f32_fits(M, spec_.K));
+  }
+
   void do_run_f32(int64_t M, const float* x, float* y) const override {
     if (spec_.mode == QPACK_MODE_F32) {
       if (f32_nstride_ > 0 && M <= kGemvF32MaxRows) {
@@ -158,7 +163,7 @@ class OnednnLinear final : public LinearKernel {
   // Hardsigmoid (oneDNN's turn NaN into a number; the caller's loop is cheap).
   bool do_run_f32_fused(int64_t M, const float* x, float* y, qpack_activation act, float lo,
                         float hi) const override {
-    if ((f32_nstride_ > 0 && M <= kGemvF32MaxRows) || (own_f32_ && gemm_f32_fits(M, spec_.K)) ||
+    if (runs_own_f32(M) ||
         !(act == QPACK_ACT_GELU || act == QPACK_ACT_HARDSWISH || act == QPACK_ACT_LEAKY_RELU)) {
       return false;
     }

@@ -3,8 +3,12 @@
 // sums, the CPU check, and a per-thread scratch buffer.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+
+#include "core/parallel.h"
 
 namespace qpack {
 namespace onednn_rt {
@@ -38,6 +42,29 @@ inline uint32_t lanes16(int64_t lo, int64_t hi) {
   lo = lo < 0 ? 0 : lo;
   hi = hi > 16 ? 16 : hi;
   return hi <= lo ? 0u : ((1u << hi) - 1) & ~((1u << lo) - 1);
+}
+
+// The few-row linear kernels' walk (gemv_f32.h, gemv_vnni.h): N's 64-output
+// blocks split over `threads` (a part below 4 blocks of 64 outputs x
+// `part_inputs` inputs, or below 2 blocks, is not worth waking a thread for),
+// each block run for the rows in groups of up to 4: block(r, m, nb), r a
+// std::integral_constant<int, 1..4> rows from row m, nb the block.
+template <typename Block>
+void for_gemv_blocks(int64_t M, int64_t K, int64_t N, int64_t part_inputs, int threads, const Block& block) {
+  const int64_t blocks = (N + 63) / 64;
+  const int64_t grain = std::max<int64_t>(2, 4 * part_inputs / std::max<int64_t>(K, 1));
+  parallel_chunks(blocks, grain, threads, [&](int, int64_t b0, int64_t b1) {
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) block(std::integral_constant<int, 4>{}, m, nb);
+      switch (M - m) {
+        case 3: block(std::integral_constant<int, 3>{}, m, nb); break;
+        case 2: block(std::integral_constant<int, 2>{}, m, nb); break;
+        case 1: block(std::integral_constant<int, 1>{}, m, nb); break;
+        default: break;
+      }
+    }
+  });
 }
 
 // True when this CPU allows AVX-512 with VNNI (the callers also respect
