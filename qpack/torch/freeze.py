@@ -322,11 +322,15 @@ def _activation_of(node, cur, modules):
     return None
 
 
-def _read_by_their_parent(model):
-    """ids of the modules whose parent's forward reads their tensors itself, traced
-    or not: nn.MultiheadAttention's out_proj (torchvision's ViT)."""
-    return {id(c) for m in model.modules() if isinstance(m, nn.MultiheadAttention)
-            for c in m.modules() if c is not m}
+def _inside_torch_leaves(model, rules):
+    """ids of the layers inside a torch.nn module that fx calls as one leaf and that
+    has no rule: its own code uses them, and may read their tensors itself
+    (nn.MultiheadAttention hands out_proj.weight to a function: torchvision's ViT),
+    so they stay as they are, whether the model traces or not."""
+    leaf = torch.fx.Tracer().is_leaf_module
+    return {id(c) for m in model.modules()
+            if type(m) not in rules and not isinstance(m, _BatchNorm) and type(m).forward is not nn.Module.forward
+            and leaf(m, "") for c in m.modules() if c is not m and type(c) in rules}
 
 
 def _analyze(model, rules):
@@ -345,11 +349,6 @@ def _analyze(model, rules):
     for n in graph.nodes:
         if n.op == "call_module":
             calls[id(modules[n.target])] += 1
-            mod = modules[n.target]
-            if type(mod) not in rules and not isinstance(mod, _BatchNorm):
-                # a leaf of torch.nn that reads its children's tensors itself (nn.MultiheadAttention
-                # hands out_proj.weight to a function): those children stay as they are
-                keep.update(id(c) for c in mod.modules() if c is not mod and type(c) in rules)
         elif n.op == "get_attr":
             # a module read as an attribute may be used in ways the graph does not show
             obj = modules.get(n.target)
@@ -888,7 +887,7 @@ def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fu
                 f"qpack.freeze: torch.fx could not trace {type(model).__name__} ({reason}); swapping layers "
                 f"{where}", FreezeWarning, stacklevel=3)
 
-    seen, layers = set(keep) | _read_by_their_parent(model), []
+    seen, layers = set(keep) | _inside_torch_leaves(model, rules), []
     for m in model.modules():
         if type(m) in rules and id(m) not in seen:
             seen.add(id(m))

@@ -204,7 +204,6 @@ class _Lowering:
     def emit_layer_norm(self, node, x, shape, weight, bias, eps, dim):
         """A layer_norm node: over the channels of a rank-4 value (layer_norm2d: dim
         1), or over the last dim (F.layer_norm / nn.LayerNorm of one dim: -1)."""
-        shape = tuple(shape) if isinstance(shape, (tuple, list, torch.Size)) else (shape,)
         if len(shape) != 1 or not isinstance(shape[0], int):
             raise Unsupported("a LayerNorm over more than one dim, or of a size the trace computes")
         if not isinstance(eps, float) or not eps > 0:
@@ -233,9 +232,7 @@ class _Lowering:
             return "linear"
         ln = _layer_norm_args(node, self.modules)
         if ln is not None:
-            shape = ln[1]
-            shape = tuple(shape) if isinstance(shape, (tuple, list, torch.Size)) else (shape,)
-            return "layer_norm" if len(shape) == 1 else None
+            return "layer_norm" if len(ln[1]) == 1 else None
         if (isinstance(m, _IDENTITY_MODULES) or self.is_eval_dropout(node) or
                 _activation(node, self.modules) is not None):
             return "same"
@@ -273,7 +270,6 @@ class _Lowering:
             self.emit(node, "linear", [x], layer=m, per_pixel=True)
         elif step == "layer_norm":
             _, shape, weight, bias, eps = _layer_norm_args(node, self.modules)
-            shape = tuple(shape) if isinstance(shape, (tuple, list, torch.Size)) else (shape,)
             self.emit_layer_norm(node, x, shape, weight, bias, eps, dim=1)
         elif step == "same":
             self.lower_node(node, channels_last_ok=True)
@@ -708,7 +704,7 @@ def _permute_dims(node):
 
 
 def _layer_norm_args(node, modules):
-    """(x, normalized_shape, weight, bias, eps) of an F.layer_norm call or an
+    """(x, normalized_shape as a tuple, weight, bias, eps) of an F.layer_norm call or an
     nn.LayerNorm module (weight and bias: get_attr nodes, tensors or None), else None."""
     if node.op == "call_function" and node.target is F.layer_norm:
         names = ("input", "normalized_shape", "weight", "bias", "eps")
@@ -716,11 +712,14 @@ def _layer_norm_args(node, modules):
         a.update(node.kwargs)
         if "input" not in a or "normalized_shape" not in a:
             return None
-        return a["input"], a["normalized_shape"], a.get("weight"), a.get("bias"), a.get("eps", 1e-5)
-    m = modules.get(node.target) if node.op == "call_module" else None
-    if type(m) is nn.LayerNorm and len(node.args) == 1 and not node.kwargs:
-        return node.args[0], m.normalized_shape, m.weight, m.bias, m.eps
-    return None
+        x, shape, weight, bias, eps = a["input"], a["normalized_shape"], a.get("weight"), a.get("bias"), \
+            a.get("eps", 1e-5)
+    else:
+        m = modules.get(node.target) if node.op == "call_module" else None
+        if not (type(m) is nn.LayerNorm and len(node.args) == 1 and not node.kwargs):
+            return None
+        x, shape, weight, bias, eps = node.args[0], m.normalized_shape, m.weight, m.bias, m.eps
+    return x, tuple(shape) if isinstance(shape, (tuple, list, torch.Size)) else (shape,), weight, bias, eps
 
 
 def resize_like(x, like, mode, align_corners):
@@ -1005,11 +1004,7 @@ def _is_transpose_12(node, x):
     if (node.op == "call_method" and node.target == "transpose") or (
             node.op == "call_function" and node.target is torch.transpose):
         return sorted(node.args[1:]) == [1, 2]
-    if node.op == "call_method" and node.target == "permute":
-        dims = node.args[1:]
-        dims = list(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else list(dims)
-        return dims == [0, 2, 1, 3, 4]
-    return False
+    return _permute_dims(node) == [0, 2, 1, 3, 4]
 
 
 _SCALAR_OPS = {operator.add: "add", operator.iadd: "add", torch.add: "add", "add": "add", "add_": "add",
@@ -1394,7 +1389,7 @@ def canonicalize(gm):
                 erased.add(r)
         elif _permute_dims(node) == [0, 2, 3, 1] and rank_of(x) == 4 and (
                 ln := _only_user(node)) is not None and (a := _layer_norm_args(ln, modules)) is not None and \
-                a[0] is node and len(tuple(a[1])) == 1 and _permute_dims(back := _only_user(ln)) == [0, 3, 1, 2] \
+                a[0] is node and len(a[1]) == 1 and _permute_dims(back := _only_user(ln)) == [0, 3, 1, 2] \
                 and back.args[0] is ln:
             # timm's LayerNorm2d / ConvNeXt's permute, LayerNorm, permute: one layer_norm2d()
             _, _, weight, bias, eps = a
@@ -1805,7 +1800,7 @@ class Segment:
                 n["layer_index"] = self.layers.index(layer)
             nodes.append(n)
         inputs, outputs = list(low.inputs), list(low.outputs)
-        nodes = _fuse_conv_activations(nodes, values, outputs)
+        nodes = _fuse_layer_activations(nodes, values, outputs)
         if qparams is not None:
             f32_in = []
             for v in inputs:
@@ -1984,7 +1979,7 @@ class GraphRunner:
                         extra += " +bn"
                     if spec.get("activation") is not None:
                         extra += f" +{spec['activation']}"
-                    if n.get("activation"):  # an activation node fused into it (_fuse_conv_activations)
+                    if n.get("activation"):  # an activation node fused into it (_fuse_layer_activations)
                         extra += f" +{n['activation']}"
                     extra += f" packed={layer.nbytes_packed}B"
                 elif n.get("activation"):
@@ -2024,7 +2019,7 @@ class GraphRunner:
 _CONV_POST_OPS = {"relu", "clamp", "hardswish", "hardsigmoid", "sigmoid", "silu", "gelu", "leaky_relu"}
 
 
-def _fuse_conv_activations(nodes, values, outputs):
+def _fuse_layer_activations(nodes, values, outputs):
     """An f32 activation node whose input is an f32 conv2d's or linear's output that
     nothing else reads becomes part of that node (oneDNN's eltwise post-op, applied
     before the store, or qpack's vector loop over the output right after); the layer
