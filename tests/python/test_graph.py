@@ -315,30 +315,36 @@ def test_int8_node_within_one_quantum(backend, kind):
 
 # ---- threads, sizes, bad input, close, saving --------------------------------------------------
 
-def test_many_threads_share_one_graph():
-    model = randomize_bn(Inverted()).eval()
-    f = qpack.freeze(model)
-    xs = [torch.randn(1, 3, 32, 30) for _ in range(4)]
-    with torch.no_grad():
-        refs = [f(x) for x in xs]
+def concurrent_errors(f, xs, refs, threads, rounds):
+    """f run from `threads` Python threads at once, `rounds` calls each over xs in
+    turn: "mismatch" for each result unequal to its ref, and each exception raised."""
     errors = []
 
     def work(t):
         try:
-            for i in range(30):
-                k = (t + i) % 4
+            for i in range(rounds):
+                k = (t + i) % len(xs)
                 with torch.no_grad():
                     if not torch.equal(f(xs[k]), refs[k]):
                         errors.append("mismatch")
         except Exception as e:  # noqa: BLE001
             errors.append(repr(e))
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
-    for t in threads:
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for t in pool:
         t.start()
-    for t in threads:
+    for t in pool:
         t.join()
-    assert not errors
+    return errors
+
+
+def test_many_threads_share_one_graph():
+    model = randomize_bn(Inverted()).eval()
+    f = qpack.freeze(model)
+    xs = [torch.randn(1, 3, 32, 30) for _ in range(4)]
+    with torch.no_grad():
+        refs = [f(x) for x in xs]
+    assert not concurrent_errors(f, xs, refs, threads=6, rounds=30)
 
 
 def test_changing_input_sizes_plan_once_each():

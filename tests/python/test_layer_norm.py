@@ -12,7 +12,7 @@ import qpack
 from qpack import _core
 from qpack.torch import graph as G
 
-from test_graph import rel_err
+from test_graph import concurrent_errors, rel_err
 from test_graph_models import plan
 from test_graph_ops_more import check_both, check_fp32, kinds
 
@@ -334,7 +334,6 @@ def test_graphs_with_the_new_nodes_keep_frozen_model_semantics(dtype):
 def test_many_threads_share_a_graph_with_the_new_nodes(dtype):
     """Concurrent runs on one graph of layer_norm, per-pixel linear with a fused GELU and
     affine nodes, 2 core threads each: every result equals the one-thread-at-a-time one."""
-    import threading
     torch.manual_seed(9)
     model = NhwcMlpBlock(style="torchvision").eval()
     xs = [torch.randn(1, 3, 32, 28) for _ in range(4)]
@@ -344,23 +343,7 @@ def test_many_threads_share_a_graph_with_the_new_nodes(dtype):
         f = qpack.freeze(model, progress=False, **kw)
         with torch.no_grad():
             refs = [f(x) for x in xs]
-        errors = []
-
-        def work(t):
-            try:
-                for i in range(20):
-                    k = (t + i) % 4
-                    with torch.no_grad():
-                        if not torch.equal(f(xs[k]), refs[k]):
-                            errors.append("mismatch")
-            except Exception as e:  # noqa: BLE001
-                errors.append(repr(e))
-
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        errors = concurrent_errors(f, xs, refs, threads=4, rounds=20)
         assert not errors, errors[:3]
     finally:
         qpack.set_num_threads(1)
