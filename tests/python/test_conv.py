@@ -403,6 +403,26 @@ def test_zero_points_of_zero_share_the_packed_weights(k, wmax):
     assert torch.equal(made[0].unpack()[0], w)
 
 
+def test_zero_points_of_zero_repack_where_their_kernel_wants_another_layout():
+    """ResNet-18's 512->512 3x3 at 7x7: oneDNN's kernel without zero points wants another
+    blocking than the one with them, so a run with zero points 0 re-packs the weights (not a
+    second copy, no zero-point terms); zero points alternating after that stay within a quantum, and the weights
+    unpack bit-exact."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randint(-127, 128, (512, 512, 3, 3), dtype=torch.int8, generator=g)
+    x = torch.randint(0, 256, (1, 512, 7, 7), dtype=torch.uint8, generator=g).contiguous(
+        memory_format=torch.channels_last)
+    conv = qpack.PackedConv2d(w, None, 1, 1, backend="onednn", weight_scale=0.01, output_scale=0.3,
+                              output_zero_point=0, retain=False)
+    nbytes = conv.nbytes_packed
+    for zi in (0, 7, 0, 7, 0):
+        y = conv(x, scale=0.05, zero_point=zi)
+        ref = float_qconv(x, 0.05, zi, w, [0.01], None, 1, 1, 0.3, 0, 1, 1, None)
+        assert (y.to(torch.int32) - ref).abs().max().item() <= 1, zi
+        assert conv.nbytes_packed <= nbytes  # one copy; without the zero-point terms where it runs without them
+    assert torch.equal(conv.unpack()[0], w)
+
+
 def test_batch_zero_and_unbatched(backend):
     w = torch.randint(-127, 128, (4, 2, 3, 3), dtype=torch.int8)
     conv = qpack.PackedConv2d(w, backend=backend, weight_scale=0.01, output_scale=0.1, output_zero_point=0)

@@ -204,8 +204,16 @@ class OnednnConv final : public ConvKernel {
           " does not describe this convolution's weight (", form.packed.size,
           " bytes); the file is corrupt (re-freeze and save it again)");
     init([&] {
-      const memory::desc md = wanted_md(N, H, W);
-      const BlockedLayout wanted = BlockedLayout::of(md, split_);
+      memory::desc md = wanted_md(N, H, W);
+      BlockedLayout wanted = BlockedLayout::of(md, split_);
+      if (!(wanted == saved) && quant_of(spec_, split_) == Quant::static_out) {
+        // saved where it ran without zero points (see build): that layout is as good
+        const memory::desc md0 = wanted_md(N, H, W, 0);
+        if (BlockedLayout::of(md0, split_) == saved) {
+          md = md0;
+          wanted = saved;
+        }
+      }
       auto packed = std::make_shared<Packed>();
       packed->N = N;
       packed->H = H;
@@ -235,10 +243,11 @@ class OnednnConv final : public ConvKernel {
   }
 
  private:
-  // The weight layout oneDNN wants for the channels-last problem N x H x W.
-  memory::desc wanted_md(int64_t N, int64_t H, int64_t W) const {
+  // The weight layout oneDNN wants for the channels-last problem N x H x W
+  // (its primitive with the zero points `zps`).
+  memory::desc wanted_md(int64_t N, int64_t H, int64_t W, int zps = kBothZp) const {
     return make_pd(N, H, W, tag::nhwc, tag::nhwc, memory::desc(wei_dims(), wei_dt(), tag::any),
-                   split_)
+                   split_, nullptr, zps)
         .weights_desc();
   }
 
@@ -501,8 +510,8 @@ class OnednnConv final : public ConvKernel {
   // re-packed from the packed form. Called under the cache's lock; sets
   // *relaid when it publishes a new packed_ (older primitives are then dropped).
   // A static int8 run whose zero points are 0 gets a primitive without them
-  // (runtime.h's ZeroPoints), on the same packed bytes; when that primitive
-  // wants another weight layout, the one with both zero points is built.
+  // (runtime.h's ZeroPoints), on the same packed bytes where its blocking is
+  // theirs, else on re-packed ones as any shape that wants another layout.
   Prim build(const ConvShape& s, bool split, int zps, bool* relaid, int wanted_zps = -1) const {
     if (wanted_zps < 0) wanted_zps = zps;
     try {
@@ -535,7 +544,11 @@ class OnednnConv final : public ConvKernel {
       }
       auto best = make_pd(s.N, s.H, s.W, tag::nhwc, tag::nhwc, any, split, &s, zps);
       if (weights_for(best, &wei)) return prim(best, plain_nchw, wei);
-      if (zps != kBothZp) return build(s, split, kBothZp, relaid, wanted_zps);
+      // Without zero points the best kernel may want another blocking than the
+      // packed one (ResNet-18's 512->512 3x3 @7x7: AcdB64a4b, packed AcdB32a4b
+      // with zero-point terms; 670 -> 480 us on one Zen 4 thread): re-pack
+      // while re-packs remain, else take the primitive with both on the packed bytes.
+      if (zps != kBothZp && relayouts_ >= kMaxRelayouts) return build(s, split, kBothZp, relaid, wanted_zps);
       if (!(best.weights_desc() == packed->md())) {
         // Re-pack (copy-on-write) or, past kMaxRelayouts, keep a private copy.
         auto moved = relayout(best.weights_desc(), s);
