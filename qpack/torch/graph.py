@@ -1753,6 +1753,9 @@ class LayerGraph:
 
     def __call__(self, layer, x):
         """``layer``'s output for ``x``, or None where its own forward is to run."""
+        rows = None  # a linear over the last dim of more dims (Swin's [B, H, W, C]): as rows
+        if self.kind == "linear" and getattr(x, "ndim", 0) > 3:
+            rows, x = x.shape[:-1], x.reshape(-1, x.shape[-1])
         if not self.usable or getattr(x, "ndim", 0) not in self.ranks or x.dtype is not torch.float32:
             return None
         if layer._packed.closed:
@@ -1769,9 +1772,10 @@ class LayerGraph:
             self.usable = False  # a layer no core graph takes: its own path from now on
             return None
         try:
-            return _run_handle(handle, [a])[0]
+            y = _run_handle(handle, [a])[0]
         except (_core.InvalidArgumentError, _core.InvalidTypeError):
             return None  # shapes this layer's graph cannot plan: the layer's own path says why
+        return y if rows is None else y.view(*rows, y.shape[-1])
 
 
 class Segment:
@@ -1818,6 +1822,8 @@ class Segment:
                 nodes, values, outputs = _narrow_values(nodes, values, outputs, qmax)
         self.spec = dict(values=values, nodes=nodes, inputs=inputs, outputs=outputs,
                          output_is_tuple=low.output_is_tuple)
+        self.rowwise = all(_rowwise(n) for n in nodes)
+        self.fallback = None  # why its ops last ran in PyTorch (qpack_segment), for the report
         self.handle = None
         self.packed_ids = None
 
@@ -1838,10 +1844,39 @@ class Segment:
         return _run_handle(self.graph(), arrays)
 
     def __call__(self, *args):
+        lead = _rows_lead(args) if self.rowwise else None
+        if lead is not None:  # every op works on rows: the inputs as [rows, last dim]
+            args = [a.reshape(-1, a.shape[-1]) for a in args]
         arrays = [_to_array(a) for a in args]
         if any(a is None for a in arrays):
             raise _core.InvalidTypeError("a graph segment takes float32 CPU tensors of rank 1 to 4")
-        return tuple(self.run_arrays(arrays))
+        outs = self.run_arrays(arrays)
+        if lead is not None:
+            outs = [o.view(*lead, o.shape[-1]) for o in outs]
+        return tuple(outs)
+
+
+def _rowwise(node):
+    """True when a node works on each row of the last dim alone, whatever the rank of
+    its value (a linear, a layer_norm over the last dim, activations, equal-shape add and
+    mul, quantize and dequantize): a segment of such nodes runs on any rank as rows."""
+    kind = node["kind"]
+    if kind == "linear":
+        return not node.get("per_pixel")
+    if kind == "layer_norm":
+        return node.get("dim") == -1
+    return kind in ("activation", "add", "mul", "quantize", "dequantize")
+
+
+def _rows_lead(args):
+    """The leading dims of a row-wise segment's inputs (all but the last, equal for all)
+    where one has more dims than the core's linear takes (Swin's [B, H, W, C]), else None."""
+    if not any(isinstance(a, torch.Tensor) and a.ndim > 3 for a in args):
+        return None
+    lead = args[0].shape[:-1]
+    if all(isinstance(a, torch.Tensor) and a.ndim >= 2 and a.shape[:-1] == lead for a in args):
+        return lead
+    return None
 
 
 class GraphRunner:
@@ -1883,8 +1918,10 @@ class GraphRunner:
             def qpack_segment(*xs, _run=runner, _torch=_torch_segment(gm, seg, replaced)):
                 try:
                     return _run(*xs)
-                except (_core.InvalidArgumentError, _core.InvalidTypeError):
-                    # inputs this graph cannot take or plan (dtype, rank, shapes): its ops in PyTorch
+                except (_core.InvalidArgumentError, _core.InvalidTypeError) as e:
+                    # inputs this graph cannot take or plan (dtype, rank, shapes): its ops in
+                    # PyTorch (graph_report says so)
+                    _run.fallback = str(e)
                     return _torch(*xs)
             args = tuple(replaced.get(n, n) for n in seg.input_nodes)
             with gm.graph.inserting_before(seg.members[0]):
@@ -1965,6 +2002,8 @@ class GraphRunner:
             if len(self._segments) > 1:
                 lines.append(f"segment {si}: {len(seg.spec['inputs'])} input(s), {len(seg.spec['outputs'])} "
                              "output(s), PyTorch around it")
+                if seg.fallback is not None:
+                    lines.append(f"  (a call ran its ops in PyTorch instead: {seg.fallback})")
             values = seg.spec["values"]
             runs_on = seg.graph().node_backends()
             for ni, n in enumerate(seg.spec["nodes"]):

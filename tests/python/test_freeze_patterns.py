@@ -149,3 +149,76 @@ def test_reading_a_frozen_layers_weight_says_what_to_do():
     f = qpack.freeze(model, progress=False, mapping={nn.Linear: Rule(lambda m, ctx, **kw: None)})
     with torch.no_grad():
         assert torch.equal(f(x), model(x))
+
+
+@torch.fx.wrap
+def _windows(x):
+    """Stands for Swin's shifted-window attention: a function fx does not look into, so
+    the rank of what it returns is unknown to the trace."""
+    return torch.roll(x, (1, 1), dims=(1, 2)) * 0.5
+
+
+class SwinLike(nn.Module):
+    """torchvision's Swin blocks: [B, H, W, C] values, LayerNorm and an MLP over the last
+    dim, residual adds, between calls the trace cannot see into."""
+
+    def __init__(self, c=24, blocks=2):
+        super().__init__()
+        self.embed = nn.Conv2d(3, c, 4, 4)
+        self.blocks = nn.ModuleList(
+            nn.ModuleDict(dict(norm1=nn.LayerNorm(c), norm2=nn.LayerNorm(c), fc1=nn.Linear(c, 3 * c),
+                               fc2=nn.Linear(3 * c, c))) for _ in range(blocks))
+        self.head = nn.Linear(c, 10)
+
+    def forward(self, x):
+        x = self.embed(x).permute(0, 2, 3, 1)
+        for b in self.blocks:
+            x = x + _windows(b["norm1"](x))
+            x = x + b["fc2"](F.gelu(b["fc1"](b["norm2"](x))))
+        return self.head(x.mean((1, 2)))
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_rank4_rows_run_in_the_core(dtype):
+    """A segment whose ops all work on rows of the last dim (linear, LayerNorm over the
+    last dim, activations, add) takes Swin's rank-4 [B, H, W, C] values as rows: it runs
+    in the core (before, the core refused the rank-4 linear at run time and every call ran
+    the segment's ops in PyTorch, int8 layer by layer), and matches eager."""
+    torch.manual_seed(0)
+    model = SwinLike().eval()
+    x = torch.randn(2, 3, 32, 32)
+    kw = dict(dtype="int8", example_inputs=[torch.randn(2, 3, 32, 32) for _ in range(3)]) if dtype else {}
+    frozen = qpack.freeze(model, progress=False, **kw)
+    with torch.no_grad():
+        ref, got = model(x), frozen(x)
+    assert rel_err(got, ref) < (0.05 if dtype else 1e-5)
+    segs = G.runner_of(frozen)._segments
+    rows = [s for s in segs if s.rowwise]
+    assert rows and any(n["kind"] == "linear" for s in rows for n in s.spec["nodes"])
+    assert all(s.fallback is None for s in segs)
+    assert sum(s.graph().info()["runs"] for s in rows) >= len(rows)
+    assert "in PyTorch instead" not in qpack.graph_report(frozen)
+
+
+def test_a_segment_that_cannot_take_its_inputs_says_so_in_the_report():
+    """A segment whose inputs the core cannot take (here float64 from a PyTorch op) runs
+    its ops in PyTorch, with the same values, and graph_report names why."""
+
+    class Doubles(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 1)
+
+        def forward(self, x):
+            y = _windows(self.c(x)).double()
+            return F.relu(y) + y
+
+    torch.manual_seed(0)
+    model = Doubles().eval()
+    frozen = qpack.freeze(model, progress=False)
+    x = torch.randn(1, 3, 6, 6)
+    with torch.no_grad():
+        got = frozen(x)
+        assert got.dtype == torch.float64 and torch.allclose(got, model(x), atol=1e-5)
+    assert "ran its ops in PyTorch instead" in qpack.graph_report(frozen)
+    assert "float32" in qpack.graph_report(frozen)
