@@ -220,6 +220,25 @@ class _Lowering:
         self.emit_checked(node, "layer_norm", [x], weight=constant(weight, 1.0), bias=constant(bias, 0.0),
                           eps=float(eps), dim=dim)
 
+    def lower_last_dim_constant(self, node, kind):
+        """x * t or x + t (either order) for a constant t of C values along the last dim
+        ([C], [1, C], [1, 1, C]: a layer scale on tokens, CaiT's, BEiT's, ResMLP's Affine;
+        or one value: StarReLU's) as an affine node over the last dim (one value: over every
+        value); True when it did. Another constant is an input
+        of the graph (a value of equal shape: ViT's position embedding)."""
+        for x, k in (node.args, node.args[::-1]):
+            t = _attr_tensor(self.gm, k)
+            if t is None or not isinstance(x, torch.fx.Node) or _attr_tensor(self.gm, x) is not None:
+                continue
+            if not _last_dim_constant(t):
+                return False  # an input of the graph (ViT's position embedding: equal shapes)
+            v = t.detach().float().reshape(-1).numpy().copy()
+            one, zero = np.ones_like(v), np.zeros_like(v)
+            self.emit_checked(node, "affine", [x], scale=v if kind == "mul" else one,
+                              shift=zero if kind == "mul" else v, dim=-1)
+            return True
+        return False
+
     def channels_last_step(self, node):
         """How node works on the [N, H, W, C] tensor x it reads (a rank-4 value permuted
         to channels-last): "linear" (a Linear over C), "layer_norm" (over C), "same"
@@ -352,13 +371,15 @@ class _Lowering:
                 or (node.op == "call_method" and node.target in ("add", "add_"))):
             if len(node.args) != 2 or node.kwargs:
                 raise Unsupported("add with alpha or a scalar")
-            self.emit_checked(node, "add", list(node.args))
+            if not self.lower_last_dim_constant(node, "add"):
+                self.emit_checked(node, "add", list(node.args))
             return
         if ((node.op == "call_function" and node.target in (operator.mul, torch.mul, operator.imul))
                 or (node.op == "call_method" and node.target in ("mul", "mul_"))):
             if len(node.args) != 2 or node.kwargs or not all(isinstance(a, torch.fx.Node) for a in node.args):
                 raise Unsupported("mul by a scalar")
-            self.emit_checked(node, "mul", list(node.args))
+            if not self.lower_last_dim_constant(node, "mul"):
+                self.emit_checked(node, "mul", list(node.args))
             return
         if node.op == "call_function" and node.target in (F.max_pool2d, F.avg_pool2d):
             m = self.functional_pool(node)
@@ -665,19 +686,22 @@ def channel_scale(x, scale):
 
 def _per_channel_constant(gm, node, x):
     """The get_attr node a per-channel constant of x comes from when node is
-    g.reshape(1, -1, 1, 1) / g.view(1, C, 1, 1) of a 1-D get_attr g, or a get_attr
+    g.reshape(1, -1, 1, 1) / g.view(1, C, 1, 1) / g.view(C, 1, 1) of a 1-D get_attr g, or a get_attr
     of shape [C, 1, 1] or [1, C, 1, 1] itself (torchvision's ConvNeXt), else None."""
     c = x.meta.get("qpack_channels")
     t = _attr_tensor(gm, node)
-    if t is not None:
-        return node if c is not None and tuple(t.shape) in ((c, 1, 1), (1, c, 1, 1)) else None
+    if t is not None:  # x's channels unknown to the trace: the constant's (the core checks them)
+        c = c if c is not None else t.numel()
+        return node if tuple(t.shape) in ((c, 1, 1), (1, c, 1, 1)) else None
     if not (isinstance(node, torch.fx.Node) and node.op == "call_method" and node.target in ("reshape", "view")
             and not node.kwargs and len(node.args) >= 2):
         return None
     g, shape = node.args[0], node.args[1:]
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
-    if not (isinstance(g, torch.fx.Node) and g.op == "get_attr" and len(shape) == 4 and shape[0] == 1
-            and shape[2:] == (1, 1) and (shape[1] == -1 or (c is not None and shape[1] == c))):
+    if len(shape) == 4 and shape[0] == 1:
+        shape = shape[1:]  # [1, C, 1, 1] as [C, 1, 1] (timm's metaformer Scale: view(C, 1, 1))
+    if not (isinstance(g, torch.fx.Node) and g.op == "get_attr" and len(shape) == 3
+            and shape[1:] == (1, 1) and (shape[0] == -1 or (c is not None and shape[0] == c))):
         return None
     return g
 
@@ -805,13 +829,13 @@ def _hw_source(size, shapes):
 
 _SAME_RANK_MODULES = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.SiLU, nn.GELU,
                       nn.LeakyReLU, nn.PReLU, nn.Tanh, nn.LayerNorm, nn.Identity, nn.Dropout, nn.Dropout2d,
-                      nn.Dropout1d, nn.BatchNorm1d, FrozenLinear, nn.Linear)
+                      nn.Dropout1d, nn.BatchNorm1d, nn.GroupNorm, FrozenLinear, nn.Linear)
 _RANK4_MODULES = (FrozenConv2d, nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d,
                   nn.AdaptiveMaxPool2d, nn.Upsample)
 _RANK3_MODULES = (FrozenConv1d, nn.Conv1d, nn.MaxPool1d, nn.AvgPool1d, nn.AdaptiveAvgPool1d)
 _SAME_RANK_FUNCS = {F.relu, torch.relu, F.relu_, torch.relu_, F.relu6, F.hardtanh, F.hardtanh_, F.hardswish,
                     torch.sigmoid, F.silu, F.gelu, F.hardsigmoid, F.leaky_relu, torch.tanh, F.dropout, F.dropout2d,
-                    F.layer_norm, F.interpolate, F.max_pool2d, F.avg_pool2d, torch.clamp, channel_part, channel_range,
+                    F.layer_norm, F.group_norm, F.interpolate, F.max_pool2d, F.avg_pool2d, torch.clamp, channel_part, channel_range,
                     layer_norm2d, channel_scale,
                     operator.add, operator.iadd, torch.add, operator.mul, operator.imul, torch.mul,
                     operator.sub, operator.isub, torch.sub, operator.truediv, operator.itruediv, torch.div, torch.cat}
@@ -1107,6 +1131,23 @@ def _attr_tensor(gm, a):
     return t if isinstance(t, torch.Tensor) else None
 
 
+def _constant_view(gm, a):
+    """The tensor a get_attr node names, or a view / reshape of one by constant sizes
+    (timm's metaformer Scale: ``self.scale.view(self.shape)``), else None."""
+    t = _attr_tensor(gm, a)
+    if t is not None or not (isinstance(a, torch.fx.Node) and a.op == "call_method"
+                             and a.target in ("view", "reshape") and len(a.args) >= 2 and not a.kwargs):
+        return t
+    base, shape = _attr_tensor(gm, a.args[0]), a.args[1:]
+    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    if base is None or not all(isinstance(d, int) for d in shape):
+        return None
+    try:
+        return base.reshape(shape)
+    except RuntimeError:
+        return None
+
+
 def _bn_affine(mean, var, weight, bias, eps):
     """(scale, shift), float64: eval BatchNorm as x * scale + shift."""
     var, mean = var.detach().double(), mean.detach().double()
@@ -1280,7 +1321,8 @@ def canonicalize(gm):
     - ShuffleNet's channel shuffle (view to 5-D, transpose(1, 2), contiguous,
       view back) and x.chunk(n, 1)[i] -> channel_part();
     - F.interpolate(x, size=y.shape[-2:]) (torchvision's FPN) -> resize_like();
-    - negative dims of torch.cat and mean made positive where the rank is known.
+    - negative dims of torch.cat and mean made positive where the rank is known;
+    - a view or reshape of a constant by constant sizes -> a constant.
     Every rewrite computes what the spelling did, in PyTorch too."""
     g = gm.graph
     modules = dict(gm.named_modules())
@@ -1298,6 +1340,16 @@ def canonicalize(gm):
 
     for node in list(g.nodes):
         if node in erased:
+            continue
+        if node.op == "call_method" and (t := _constant_view(gm, node)) is not None and node.args[0].op == "get_attr":
+            # a constant's view by constant sizes (timm's metaformer Scale) is a constant too
+            name = f"_qpack_constant_{len(erased)}_{node.name}"
+            gm.register_buffer(name, t, persistent=False)
+            with g.inserting_after(node.args[0]):  # beside its base: not an op between ops
+                new = g.get_attr(name)
+            node.replace_all_uses_with(new)
+            g.erase_node(node)
+            erased.add(node)
             continue
         node.meta["qpack_rank"] = _rank(node, modules)
         shapes.visit(node)
@@ -1435,13 +1487,33 @@ def canonicalize(gm):
 _MIN_SEGMENT_NODES = 2  # a lone elementwise op is cheaper in PyTorch than crossing into the core
 
 
-def _constant_attr(node):
+def _last_dim_constant(t):
+    """True for a float tensor of C values along the last dim ([C], [1, C], [1, 1, C]; or
+    one value): what _Lowering.lower_last_dim_constant makes an affine node of."""
+    return 1 <= t.ndim <= 3 and all(d == 1 for d in t.shape[:-1]) and t.is_floating_point()
+
+
+_ADD_MUL = {operator.add, operator.iadd, torch.add, operator.mul, operator.imul, torch.mul}
+
+
+def _constant_attr(node, gm=None):
     """A get_attr node read only as a constant by the ops that use it: qparams of
-    convert_fx's quantize / quantized add, statistics and affine of F.batch_norm."""
+    convert_fx's quantize / quantized add, statistics and affine of F.batch_norm, a
+    constant of the last dim that a value is multiplied by or added to (with gm)."""
+    def constant_operand(u):
+        if not ((u.op == "call_function" and u.target in _ADD_MUL) or
+                (u.op == "call_method" and u.target in ("add", "add_", "mul", "mul_"))):
+            return False
+        if len(u.args) != 2 or u.kwargs or node not in u.args or u.args[0] is u.args[1]:
+            return False
+        other = u.args[1] if u.args[0] is node else u.args[0]
+        t = _attr_tensor(gm, node)
+        return (isinstance(other, torch.fx.Node) and other.op != "get_attr" and t is not None
+                and _last_dim_constant(t))
     return node.op == "get_attr" and bool(node.users) and all(
-        u.op == "call_function" and (u.target in _QPARAM_READERS or (
+        (u.op == "call_function" and (u.target in _QPARAM_READERS or (
             u.target in (F.batch_norm, F.layer_norm, layer_norm2d, channel_scale)
-            and (not u.args or u.args[0] is not node)))
+            and (not u.args or u.args[0] is not node)))) or (gm is not None and constant_operand(u))
         for u in node.users)
 
 
@@ -1470,8 +1542,8 @@ def segments(gm):
             out.append(cur)
 
     for node in gm.graph.nodes:
-        if _constant_attr(node):
-            continue  # read as constants by the ops that use it
+        if _constant_attr(node, gm) or (node.op == "get_attr" and not node.users):
+            continue  # read as constants by the ops that use it, or by none
         if node.op in ("placeholder", "output", "get_attr"):
             close()
             cur = None
@@ -1858,12 +1930,13 @@ class Segment:
 
 def _rowwise(node):
     """True when a node works on each row of the last dim alone, whatever the rank of
-    its value (a linear, a layer_norm over the last dim, activations, equal-shape add and
-    mul, quantize and dequantize): a segment of such nodes runs on any rank as rows."""
+    its value (a linear, a layer_norm or affine over the last dim, activations,
+    equal-shape add and mul, quantize and dequantize): a segment of such nodes runs on
+    any rank as rows."""
     kind = node["kind"]
     if kind == "linear":
         return not node.get("per_pixel")
-    if kind == "layer_norm":
+    if kind in ("layer_norm", "affine"):
         return node.get("dim") == -1
     return kind in ("activation", "add", "mul", "quantize", "dequantize")
 

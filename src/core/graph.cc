@@ -1064,8 +1064,10 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
       y.d[1] = n.kernel[1];
       return y;
     case QPACK_NODE_AFFINE:
-      need_rank(x.rank >= 2 && x.d[1] == static_cast<int64_t>(n.affine_scale.size()),
-                "an input whose dim 1 has as many channels as the affine");
+      need_rank(x.rank >= 2 && (n.affine_scale.size() == 1 ||
+                                x.d[n.kernel[0] == -1 ? x.rank - 1 : 1] == static_cast<int64_t>(n.affine_scale.size())),
+                n.kernel[0] == -1 ? "an input whose last dim has as many values as the affine"
+                                  : "an input whose dim 1 has as many channels as the affine");
       return y;
     case QPACK_NODE_LAYER_NORM:
       need_rank(x.rank >= 2 && x.d[n.kernel[0] == 1 ? 1 : x.rank - 1] == static_cast<int64_t>(n.affine_scale.size()),
@@ -1810,7 +1812,33 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       return;
     case QPACK_NODE_AFFINE: {
       int64_t outer, channels, inner;
-      split_channels(xs, &outer, &channels, &inner);
+      if (n.kernel[0] == -1 && xs.rank == 4 && n.affine_scale.size() > 1) {  // W of NHWC: each pixel's run
+        const int64_t W = xs.d[3], C = xs.d[1];
+        const float* s = n.affine_scale.data();
+        const float* t = n.affine_shift.data();
+        parallel_range(xs.d[0] * xs.d[2], std::max<int64_t>(1, kGrain / std::max<int64_t>(W * C, 1)),
+                       [&](int64_t b, int64_t e) {
+          for (int64_t i = b * W * C; i < e * W * C; ++i) {
+            const int64_t w = (i / C) % W;
+            if (u8) {
+              y[i] = qy.quant((qx.deq(x[i]) * s[w] + t[w]));
+            } else {
+              yf[i] = xf[i] * s[w] + t[w];
+            }
+          }
+        });
+        return;
+      }
+      if (n.affine_scale.size() == 1) {  // one scale and shift for every value (StarReLU's)
+        outer = channels = 1;
+        inner = xs.numel();
+      } else if (n.kernel[0] == -1) {  // along the last dim: rows of it (layer scale on tokens)
+        channels = xs.d[xs.rank - 1];
+        outer = xs.numel() / std::max<int64_t>(channels, 1);
+        inner = 1;
+      } else {
+        split_channels(xs, &outer, &channels, &inner);
+      }
       if (u8) {  // ((x - zx) sx s + t) / sy as (x - zx) m[c] + b[c], rounded as the other u8 nodes
         std::vector<float> m(static_cast<size_t>(channels)), bias(m.size());
         for (size_t c = 0; c < m.size(); ++c) {

@@ -470,3 +470,95 @@ def test_saved_models_with_the_new_nodes_reload(tmp_path, make, kind):
 
 def _tuple(y):
     return y if isinstance(y, tuple) else (y,)
+
+
+# ---- affine over the last dim, and of one value --------------------------------------------
+
+@pytest.mark.parametrize("shape", [(5, 6), (2, 7, 6), (2, 3, 4, 6)])
+def test_affine_over_the_last_dim(shape):
+    """affine with dim -1 scales each value of the last dim (a layer scale on tokens), f32
+    exact against PyTorch, u8 within one quantum; one value scales every element."""
+    torch.manual_seed(9)
+    x = torch.randn(shape)
+    sc, sh = torch.randn(6), torch.randn(6)
+    g = _core.GraphHandle(F32, [dict(kind="affine", inputs=[0], output=1, scale=sc.numpy(), shift=sh.numpy(),
+                                     dim=-1)], [0], [1])
+    y = torch.from_numpy(g.run([x.numpy()], ["nchw"], "nchw")[0])
+    assert torch.allclose(y, x * sc + sh, rtol=1e-6, atol=1e-6)
+    one = _core.GraphHandle(F32, [dict(kind="affine", inputs=[0], output=1, scale=np.float32([1.5]),
+                                       shift=np.float32([-0.25]), dim=-1)], [0], [1])
+    y1 = torch.from_numpy(one.run([x.numpy()], ["nchw"], "nchw")[0])
+    assert torch.allclose(y1, x * 1.5 - 0.25, atol=1e-6)
+    q = torch.randint(0, 256, shape).to(torch.uint8)
+    s_in, z_in, s_out, z_out = 0.03, 120, 0.05, 128
+    g8 = _core.GraphHandle([("u8", s_in, z_in), ("u8", s_out, z_out)],
+                           [dict(kind="affine", inputs=[0], output=1, scale=sc.numpy(), shift=sh.numpy(), dim=-1)],
+                           [0], [1])
+    y8 = torch.from_numpy(g8.run([q.numpy()], ["nchw"], "nchw")[0]).float()
+    ref = torch.clamp(torch.round(((q.float() - z_in) * s_in * sc + sh) / s_out) + z_out, 0, 255)
+    assert float((y8 - ref).abs().max()) <= 1
+
+
+def test_affine_over_the_last_dim_checks_its_input():
+    g = _core.GraphHandle(F32, [dict(kind="affine", inputs=[0], output=1, scale=np.ones(6, np.float32),
+                                     shift=np.zeros(6, np.float32), dim=-1)], [0], [1])
+    with pytest.raises(qpack.InvalidArgumentError, match="last dim has as many values"):
+        g.run([np.ones((2, 6, 5), np.float32)], ["nchw"])
+    assert g.run([np.ones((2, 5, 6), np.float32)], ["nchw"])[0].shape == (2, 5, 6)  # still usable
+
+
+class TokenScale(nn.Module):
+    """Transformer blocks with a layer scale on tokens (CaiT's, BEiT's `gamma * x`: [C]),
+    ResMLP's Affine (`alpha * x + beta`: [1, 1, C]) and StarReLU's one-value scale and bias."""
+
+    def __init__(self, c=16):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(c, 2 * c), nn.Linear(2 * c, c)
+        self.fc3, self.fc4 = nn.Linear(c, 2 * c), nn.Linear(2 * c, c)
+        self.gamma = nn.Parameter(torch.rand(c) + 0.5)
+        self.alpha, self.beta = nn.Parameter(torch.rand(1, 1, c) + 0.5), nn.Parameter(torch.randn(1, 1, c))
+        self.s, self.b = nn.Parameter(torch.tensor([0.8])), nn.Parameter(torch.tensor([0.1]))
+        self.head = nn.Linear(c, 4)
+
+    def forward(self, t):
+        t = t + self.gamma * self.fc2(F.gelu(self.fc1(t)))
+        t = self.alpha * t + self.beta
+        t = t + self.fc4(self.s * F.relu(self.fc3(t)) + self.b)
+        return self.head(t)
+
+
+class ChannelScaleAfterGroupNorm(nn.Module):
+    """timm's metaformer: GroupNorm, pooling minus its input, `x * scale.view(C, 1, 1)`."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(3, c, 3, padding=1), nn.GroupNorm(1, c)
+        self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+        self.scale = nn.Parameter(torch.rand(c) + 0.5)
+
+    def forward(self, x):
+        x = self.conv(x)
+        y = self.norm(x)
+        return x + (self.pool(y) - y) * self.scale.view(-1, 1, 1)
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_constant_scales_are_affine_nodes_and_run_in_the_core(dtype, tmp_path):
+    """Each constant above is an affine node (over the last dim; of one value; over the
+    channels), every segment runs in the core (no PyTorch fallback at run time, as when
+    the constant was a graph input of another shape), the values match eager, and a
+    saved model loads with the same values."""
+    torch.manual_seed(10)
+    for model, x in ((TokenScale().eval(), torch.randn(2, 5, 16)),
+                     (ChannelScaleAfterGroupNorm().eval(), torch.randn(2, 3, 8, 8))):
+        kw = dict(dtype="int8", example_inputs=[torch.randn_like(x) for _ in range(3)]) if dtype else {}
+        f = qpack.freeze(model, progress=False, **kw)
+        with torch.no_grad():
+            assert rel_err(f(x), model(x)) < (0.1 if dtype else 1e-5)
+        r = G.runner_of(f)
+        assert all(s.fallback is None for s in r._segments), qpack.graph_report(f)
+        affines = [n for s in r._segments for n in s.spec["nodes"] if n["kind"] == "affine"]
+        assert affines and "mul" not in [n["kind"] for s in r._segments for n in s.spec["nodes"]]
+        qpack.save(f, tmp_path / "m.qpk")
+        with torch.no_grad():
+            assert torch.equal(qpack.load(tmp_path / "m.qpk")(x), f(x))

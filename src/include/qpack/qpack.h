@@ -413,7 +413,9 @@ typedef enum qpack_node_kind {
   QPACK_NODE_FLATTEN = 6,        /* dims 1.. into one (NCHW order); u8 qparams kept */
   QPACK_NODE_CONCAT = 7,         /* along dim 1; u8 inputs requantized to the output's qparams */
   QPACK_NODE_ACTIVATION = 8,     /* elementwise `activation` */
-  QPACK_NODE_AFFINE = 9,         /* x * scale[c] + shift[c] along dim 1 (unfolded BatchNorm) */
+  QPACK_NODE_AFFINE = 9,         /* x * scale[c] + shift[c] along dim 1 (unfolded BatchNorm), or
+                                    along the last dim when kernel_h = -1 (a layer scale on tokens);
+                                    one scale and shift (channels = 1) apply to every value */
   QPACK_NODE_QUANTIZE = 10,      /* f32 -> u8 with the output value's qparams */
   QPACK_NODE_DEQUANTIZE = 11,    /* u8 -> f32 */
   QPACK_NODE_MUL = 12,           /* inputs[0] * inputs[1]: equal shapes, or inputs[1]
