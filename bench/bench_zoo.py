@@ -59,21 +59,32 @@ def graphs(f):
     return report.strip().splitlines()[-1].split(" nodes in ")[-1].split(";")[0]
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def zoo_args(doc):
+    """(model specs, torchvision, timm) from the command line of a zoo script."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("models", nargs="+", help="tv:NAME (torchvision) or timm:NAME")
     p.add_argument("--lib", default=None, help="where torchvision and timm were installed (--target)")
     args = p.parse_args()
     torchvision, timm = import_zoo(args.lib)
     warnings.filterwarnings("ignore")
+    return args.models, torchvision, timm
+
+
+def zoo_model(spec, torchvision, timm):
+    """(model with trained-like BatchNorm statistics, eval; its input size) for tv:NAME / timm:NAME."""
+    src, name = spec.split(":")
+    model = torchvision.models.get_model(name) if src == "tv" else timm.create_model(name, pretrained=False)
+    size = 299 if "inception" in name else 224
+    return trained_like(model.eval(), (2, 3, size, size)), size
+
+
+def main():
+    specs, torchvision, timm = zoo_args(__doc__)
     head = ["model", "graphs", "fp32 err", "qpack fp32", "ORT fp32", "qpack int8", "ORT int8", "FX x86",
             "int8 err qpack", "int8 err FX", "threads"]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-    for spec in args.models:
-        src, name = spec.split(":")
-        model = torchvision.models.get_model(name) if src == "tv" else timm.create_model(name, pretrained=False)
-        size = 299 if "inception" in name else 224
-        model = trained_like(model.eval(), (2, 3, size, size))
+    for spec in specs:
+        model, size = zoo_model(spec, torchvision, timm)
         g = torch.Generator().manual_seed(5)
         x = torch.randn(1, 3, size, size, generator=g)
         calib = [torch.randn(1, 3, size, size, generator=g) for _ in range(4)]

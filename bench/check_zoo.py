@@ -10,16 +10,13 @@ on that batch (graph_report's "ran its ops in PyTorch instead" lines, with the
 first reason). A freeze that raises prints FAILED with the error. Install
 torchvision and timm apart, as bench/bench_zoo.py says.
 """
-import argparse
 import time
-import warnings
 
 import torch
 
 import qpack
 from bench_models import set_threads
-from bench_zoo import graphs, import_zoo, rel
-from models import trained_like
+from bench_zoo import graphs, rel, zoo_args, zoo_model
 
 FALLBACK = "ran its ops in PyTorch instead: "
 
@@ -32,20 +29,12 @@ def fallbacks(frozen):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("models", nargs="+", help="tv:NAME (torchvision) or timm:NAME")
-    p.add_argument("--lib", default=None, help="where torchvision and timm were installed (--target)")
-    args = p.parse_args()
-    torchvision, timm = import_zoo(args.lib)
-    warnings.filterwarnings("ignore")
+    specs, torchvision, timm = zoo_args(__doc__)
     set_threads(1)
-    for spec in args.models:
+    for spec in specs:
         start = time.time()
         try:
-            src, name = spec.split(":")
-            model = torchvision.models.get_model(name) if src == "tv" else timm.create_model(name, pretrained=False)
-            size = 299 if "inception" in name else 224
-            model = trained_like(model.eval(), (2, 3, size, size))
+            model, size = zoo_model(spec, torchvision, timm)
             g = torch.Generator().manual_seed(5)
             x = torch.randn(1, 3, size, size, generator=g)
             calib = [torch.randn(1, 3, size, size, generator=g) for _ in range(2)]
