@@ -218,3 +218,6 @@ def test_linear_over_the_last_dim_of_more_dims_runs_as_rows(mode, backend):
     assert y.shape == (2, 3, 5, 24) and _runs(f) == before + 1
     assert torch.equal(y, f(x.reshape(-1, 40)).reshape(2, 3, 5, 24))
     assert torch.equal(f(x.transpose(1, 2)), f(x.transpose(1, 2).contiguous()))
+    with pytest.raises((qpack.InvalidArgumentError, RuntimeError), match="40|39"):
+        f(torch.randn(2, 3, 5, 39))  # the layer's own error; it stays usable
+    assert torch.equal(f(x), y)
