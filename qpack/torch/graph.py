@@ -224,14 +224,15 @@ class _Lowering:
         """x * t or x + t (either order) for a constant t of C values along the last dim
         ([C], [1, C], [1, 1, C]: a layer scale on tokens, CaiT's, BEiT's, ResMLP's Affine;
         or one value: StarReLU's) as an affine node over the last dim (one value: over every
-        value); True when it did. Another constant is an input
-        of the graph (a value of equal shape: ViT's position embedding)."""
+        value); True when it did, False when neither operand is a constant. Another constant
+        stays in PyTorch."""
         for x, k in (node.args, node.args[::-1]):
             t = _attr_tensor(self.gm, k)
             if t is None or not isinstance(x, torch.fx.Node) or _attr_tensor(self.gm, x) is not None:
                 continue
-            if not _last_dim_constant(t):
-                return False  # an input of the graph (ViT's position embedding: equal shapes)
+            if not _last_dim_constant(t):  # ViT's position embedding [1, N, C]: broadcast over
+                # the batch, which the core's add does not do; PyTorch does it between segments
+                raise Unsupported(f"{kind} of a constant of shape {tuple(t.shape)}")
             v = t.detach().float().reshape(-1).numpy().copy()
             one, zero = np.ones_like(v), np.zeros_like(v)
             self.emit_checked(node, "affine", [x], scale=v if kind == "mul" else one,

@@ -222,3 +222,31 @@ def test_a_segment_that_cannot_take_its_inputs_says_so_in_the_report():
         assert got.dtype == torch.float64 and torch.allclose(got, model(x), atol=1e-5)
     assert "ran its ops in PyTorch instead" in qpack.graph_report(frozen)
     assert "float32" in qpack.graph_report(frozen)
+
+
+class PositionEmbedded(nn.Module):
+    """ViT's start: patch embedding, tokens plus a [1, N, C] position embedding, an MLP."""
+
+    def __init__(self, c=16, n=16):
+        super().__init__()
+        self.embed = nn.Conv2d(3, c, 4, 4)
+        self.pos = nn.Parameter(torch.randn(1, n, c))
+        self.norm, self.fc, self.head = nn.LayerNorm(c), nn.Linear(c, c), nn.Linear(c, 4)
+
+    def forward(self, x):
+        t = self.embed(x).flatten(2).transpose(1, 2) + self.pos
+        return self.head(F.gelu(self.fc(self.norm(t))))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_constant_broadcast_over_the_batch_stays_in_pytorch(batch):
+    """A constant of another shape than the last dim's (ViT's position embedding) is added
+    in PyTorch: as a graph input it ran only at batch 1 (other batches fell back to
+    PyTorch at every call). No segment falls back, at any batch."""
+    torch.manual_seed(3)
+    model = PositionEmbedded().eval()
+    frozen = qpack.freeze(model, progress=False)
+    x = torch.randn(batch, 3, 16, 16)
+    with torch.no_grad():
+        assert rel_err(frozen(x), model(x)) < 1e-5
+    assert "in PyTorch instead" not in qpack.graph_report(frozen)
