@@ -59,15 +59,18 @@ def graphs(f):
     return report.strip().splitlines()[-1].split(" nodes in ")[-1].split(";")[0]
 
 
-def zoo_args(doc):
-    """(model specs, torchvision, timm) from the command line of a zoo script."""
+def zoo_args(doc, batch=False):
+    """(arguments: .models, .lib and with ``batch`` .batch; torchvision, timm) from the
+    command line of a zoo script."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("models", nargs="+", help="tv:NAME (torchvision) or timm:NAME")
     p.add_argument("--lib", default=None, help="where torchvision and timm were installed (--target)")
+    if batch:
+        p.add_argument("--batch", type=int, default=1, help="images per call")
     args = p.parse_args()
     torchvision, timm = import_zoo(args.lib)
     warnings.filterwarnings("ignore")
-    return args.models, torchvision, timm
+    return args, torchvision, timm
 
 
 def zoo_model(spec, torchvision, timm):
@@ -79,11 +82,11 @@ def zoo_model(spec, torchvision, timm):
 
 
 def main():
-    specs, torchvision, timm = zoo_args(__doc__)
+    args, torchvision, timm = zoo_args(__doc__)
     head = ["model", "graphs", "fp32 err", "qpack fp32", "ORT fp32", "qpack int8", "ORT int8", "FX x86",
             "int8 err qpack", "int8 err FX", "threads"]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-    for spec in specs:
+    for spec in args.models:
         model, size = zoo_model(spec, torchvision, timm)
         g = torch.Generator().manual_seed(5)
         x = torch.randn(1, 3, size, size, generator=g)

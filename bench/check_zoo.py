@@ -5,7 +5,7 @@
 For each model (random weights given trained-like BatchNorm statistics,
 bench/models.py), fp32 and static int8 (oneDNN, calibrated on 2 batches), one
 line: how many core graphs it freezes to, its relative error against eager on
-one batch, and how many segments ran their ops in PyTorch instead of the core
+one batch (``--batch`` images, 1 by default), and how many segments ran their ops in PyTorch instead of the core
 on that batch (graph_report's "ran its ops in PyTorch instead" lines, with the
 first reason). A freeze that raises prints FAILED with the error. Install
 torchvision and timm apart, as bench/bench_zoo.py says.
@@ -29,14 +29,15 @@ def fallbacks(frozen):
 
 
 def main():
-    specs, torchvision, timm = zoo_args(__doc__)
+    args, torchvision, timm = zoo_args(__doc__, batch=True)
+    batch = args.batch
     set_threads(1)
-    for spec in specs:
+    for spec in args.models:
         start = time.time()
         try:
             model, size = zoo_model(spec, torchvision, timm)
             g = torch.Generator().manual_seed(5)
-            x = torch.randn(1, 3, size, size, generator=g)
+            x = torch.randn(batch, 3, size, size, generator=g)
             calib = [torch.randn(1, 3, size, size, generator=g) for _ in range(2)]
             cells = []
             with torch.inference_mode():
