@@ -34,9 +34,10 @@ def close(a, b, tol=1e-4):
 
 
 # (channels, H, W, kernel, stride, padding, dilation): 3x3 stride 1 dense (the AVX-512
-# direct path), and strides, dilations, other windows and paddings (the padded-copy path)
+# direct path: rows of one and of several 64-pixel tiles, paddings 0 to 3), and strides, dilations, other windows and paddings (the padded-copy path)
 SHAPES = [
     (8, 28, 28, 3, 1, 1, 1), (17, 56, 61, 3, 1, 1, 1), (16, 30, 45, 3, 1, 0, 1), (5, 33, 29, 3, 1, 2, 1),
+    (4, 29, 131, 3, 1, 1, 1), (4, 28, 66, 3, 1, 3, 1), (4, 30, 65, 3, 1, 0, 1),  # several tiles a row
     (8, 113, 115, 3, 2, 1, 1), (16, 112, 112, 3, 2, 1, 1), (8, 60, 60, 3, 1, 2, 2), (8, 60, 57, 5, 1, 2, 1),
     (8, 121, 118, 5, 2, 2, 1), (3, 57, 64, 1, 1, 0, 1), (8, 64, 64, 7, 1, 3, 1), (8, 120, 123, 3, 2, 0, 2),
 ]

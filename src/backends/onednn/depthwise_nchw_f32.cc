@@ -207,10 +207,15 @@ QPACK_DWN_TARGET void planes(const DepthwiseNchwF32& a, int64_t p0, int64_t p1) 
 
 // AVX-512: 3x3, stride 1, dense, straight from the input (no padded copy:
 // masked loads read zeros outside it). A tile of R rows x V vectors of 16
-// outputs (up to 4 x 4: 16 sums, the 9 weights in registers); each input
-// row of the tile's window loaded once for the output rows it serves (R + 2
-// rows x 3 columns x V loads for 9 R V FMAs). The last vector of each row
-// stored under a mask (AVX-512's masked moves are no microcode).
+// outputs (up to 4 x 4: 16 sums, the 9 weights in registers). Each input row
+// of the tile's window is loaded once, as the V vectors under the middle tap
+// and one either side (the masks are per row, not per load), and the left and
+// right taps are those vectors shifted by one lane (valignd): R + 2 rows x
+// (V + 2) loads and 2 V shifts for 9 R V FMAs. One masked load per tap (3 x
+// as many, each under its own mask register) ran at a third of this speed:
+// 144 planes of 56^2, one Zen 5 thread, 180 -> 70 us in a standalone loop,
+// the same sums in the same order. The last vector of each row stored under
+// a mask (AVX-512's masked moves are no microcode).
 #define QPACK_DWN_TARGET512 __attribute__((target("avx512f")))
 
 template <int R, int V>
@@ -222,13 +227,14 @@ QPACK_DWN_TARGET512 inline void tile3x3(const DepthwiseNchwF32& a, const float* 
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) acc[r][v] = bias;
   }
-  // input columns of vector v, tap kw: ow + 16 v + kw - PL + lane
-  uint32_t cols[3][V];
-  for (int kw = 0; kw < 3; ++kw) {
-    for (int v = 0; v < V; ++v) {
-      const int64_t c0 = ow + 16 * v + kw - a.PL;
-      cols[kw][v] = lanes16(-c0, std::min(a.W, a.OW + kw - a.PL) - c0);
-    }
+  // Vector k of a row (k = 0..V + 1) holds input columns c0 + 16 (k - 1) +
+  // lane, c0 = ow + 1 - PL: the middle tap's of output vector k - 1.
+  const int64_t c0 = ow + 1 - a.PL;
+  uint32_t inside[V + 2];
+#pragma GCC unroll 6
+  for (int k = 0; k < V + 2; ++k) {
+    const int64_t first = c0 + 16 * (k - 1);
+    inside[k] = lanes16(-first, a.W - first);
   }
   const int64_t ih0 = oh - a.PT;
   const uintptr_t base = reinterpret_cast<uintptr_t>(x);
@@ -236,19 +242,26 @@ QPACK_DWN_TARGET512 inline void tile3x3(const DepthwiseNchwF32& a, const float* 
   for (int i = 0; i < R + 2; ++i) {  // input row i serves output rows i - kh
     const int64_t ih = ih0 + i;
     const uint32_t row = ih >= 0 && ih < a.H ? 0xFFFFu : 0u;  // zeros outside the input
+    // (the address computed as an integer: it may point before the input, never read there)
     const auto* in = reinterpret_cast<const float*>(
-        base + static_cast<uintptr_t>((std::min<int64_t>(std::max<int64_t>(ih, 0), a.H - 1) * a.W + ow - a.PL) *
+        base + static_cast<uintptr_t>((std::min<int64_t>(std::max<int64_t>(ih, 0), a.H - 1) * a.W + c0 - 16) *
                                       int64_t(sizeof(float))));
-#pragma GCC unroll 3
-    for (int kw = 0; kw < 3; ++kw) {
+    __m512i xs[V + 2];
+#pragma GCC unroll 6
+    for (int k = 0; k < V + 2; ++k) {
+      xs[k] = _mm512_castps_si512(_mm512_maskz_loadu_ps(_cvtu32_mask16(inside[k] & row), in + 16 * k));
+    }
 #pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) {
-        // columns outside the row are masked off (never read)
-        const __m512 xv = _mm512_maskz_loadu_ps(_cvtu32_mask16(cols[kw][v] & row), in + 16 * v + kw);
+    for (int v = 0; v < V; ++v) {
+      const __m512 taps[3] = {_mm512_castsi512_ps(_mm512_alignr_epi32(xs[v + 1], xs[v], 15)),
+                              _mm512_castsi512_ps(xs[v + 1]),
+                              _mm512_castsi512_ps(_mm512_alignr_epi32(xs[v + 2], xs[v + 1], 1))};
+#pragma GCC unroll 3
+      for (int kw = 0; kw < 3; ++kw) {
 #pragma GCC unroll 3
         for (int kh = 0; kh < 3; ++kh) {
           const int r = i - kh;
-          if (r >= 0 && r < R) acc[r][v] = _mm512_fmadd_ps(xv, w[kh * 3 + kw], acc[r][v]);
+          if (r >= 0 && r < R) acc[r][v] = _mm512_fmadd_ps(taps[kw], w[kh * 3 + kw], acc[r][v]);
         }
       }
     }
