@@ -300,6 +300,61 @@ QPACK_AVX512 int64_t affine2_512(const uint8_t* x0, const uint8_t* x1, int64_t n
   return i;
 }
 
+// Max pooling's vectors: u8 64 channels a vector (AVX-512BW), f32 16.
+// max(p, a) is maxps(p, a) = p > a ? p : a for floats, the scalar loop's
+// choice in the same order (a NaN in a later pixel does not win).
+struct MaxU8x64 {
+  using T = uint8_t;
+  using V = __m512i;
+  using M = __mmask64;
+  static constexpr int64_t kLanes = 64;
+  QPACK_AVX512BW static M mask(int64_t n) { return (M(1) << n) - 1; }
+  QPACK_AVX512BW static V load(const T* p) { return _mm512_loadu_si512(p); }
+  QPACK_AVX512BW static V load(M m, const T* p) { return _mm512_maskz_loadu_epi8(m, p); }
+  QPACK_AVX512BW static V max(V p, V a) { return _mm512_max_epu8(p, a); }
+  QPACK_AVX512BW static void store(T* p, V a) { _mm512_storeu_si512(p, a); }
+  QPACK_AVX512BW static void store(M m, T* p, V a) { _mm512_mask_storeu_epi8(p, m, a); }
+};
+struct MaxF32x16 {
+  using T = float;
+  using V = __m512;
+  using M = __mmask16;
+  static constexpr int64_t kLanes = 16;
+  QPACK_AVX512 static M mask(int64_t n) { return M((1u << n) - 1); }
+  QPACK_AVX512 static V load(const T* p) { return _mm512_loadu_ps(p); }
+  QPACK_AVX512 static V load(M m, const T* p) { return _mm512_maskz_loadu_ps(m, p); }
+  QPACK_AVX512 static V max(V p, V a) { return _mm512_max_ps(p, a); }
+  QPACK_AVX512 static void store(T* p, V a) { _mm512_storeu_ps(p, a); }
+  QPACK_AVX512 static void store(M m, T* p, V a) { _mm512_mask_storeu_ps(p, m, a); }
+};
+
+// o[c] = the max of the kh x kw pixels of C channels from x (rows `row`
+// values apart, pixels C apart), a vector of channels at a time; the last
+// ones under a mask (masked loads only there: with a full mask they ran the
+// f32 pooling of ResNet-18 at 205 us against 142 with SSE2, one Zen 5 thread).
+template <typename K, bool kMasked>
+QPACK_AVX512BW inline void max_window_block(const typename K::T* x, int64_t row, int64_t C, int64_t kh,
+                                            int64_t kw, typename K::M m, typename K::T* o) {
+  auto load = [m](const typename K::T* p) { return kMasked ? K::load(m, p) : K::load(p); };
+  typename K::V a = load(x);
+  for (int64_t h = 0; h < kh; ++h) {
+    for (int64_t w = h == 0 ? 1 : 0; w < kw; ++w) a = K::max(load(x + h * row + w * C), a);
+  }
+  if (kMasked) {
+    K::store(m, o, a);
+  } else {
+    K::store(o, a);
+  }
+}
+
+template <typename K>
+QPACK_AVX512BW void max_window512(const typename K::T* x, int64_t row, int64_t C, int64_t kh, int64_t kw,
+                                  typename K::T* o) {
+  int64_t c = 0;
+  for (; c + K::kLanes <= C; c += K::kLanes) max_window_block<K, false>(x + c, row, C, kh, kw, 0, o + c);
+  if (c < C) max_window_block<K, true>(x + c, row, C, kh, kw, K::mask(C - c), o + c);
+}
+
 // y = lut[x], 64 values per step: a byte's low 7 bits index a 128-byte half of
 // the table (a two-vector permute for each half), its top bit picks the half.
 QPACK_AVX512VBMI void lut512(const uint8_t* lut, const uint8_t* x, int64_t n, uint8_t* y) {
@@ -502,6 +557,18 @@ int64_t affine2_u8_vector(const uint8_t* x0, const uint8_t* x1, int64_t n, float
   return isa_level() == 2 ? affine2_512(x0, x1, n, a, b, c, lo, hi, y) : 0;
 }
 
+bool max_window_vector(const uint8_t* x, int64_t row, int64_t C, int64_t kh, int64_t kw, uint8_t* o) {
+  if (!has_avx512bw()) return false;
+  max_window512<MaxU8x64>(x, row, C, kh, kw, o);
+  return true;
+}
+
+bool max_window_vector(const float* x, int64_t row, int64_t C, int64_t kh, int64_t kw, float* o) {
+  if (!has_avx512bw()) return false;  // the template's target: F with BW and VL
+  max_window512<MaxF32x16>(x, row, C, kh, kw, o);
+  return true;
+}
+
 int64_t lut_u8_vector(const uint8_t* lut, const uint8_t* x, int64_t n, uint8_t* y) {
   if (!has_vbmi()) return 0;
   lut512(lut, x, n, y);
@@ -562,6 +629,8 @@ int64_t affine2_u8_vector(const uint8_t*, const uint8_t*, int64_t, float, float,
   return 0;
 }
 int64_t lut_u8_vector(const uint8_t*, const uint8_t*, int64_t, uint8_t*) { return 0; }
+bool max_window_vector(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*) { return false; }
+bool max_window_vector(const float*, int64_t, int64_t, int64_t, int64_t, float*) { return false; }
 bool affine_u8_vector(const uint8_t*, int64_t, int64_t, int64_t, const float*, const float*, float, float,
                       uint8_t*) {
   return false;

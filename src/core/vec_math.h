@@ -47,6 +47,14 @@ int64_t affine2_u8_vector(const uint8_t* x0, const uint8_t* x1, int64_t n, float
 // VBMI, 0 without); the caller does the rest.
 int64_t lut_u8_vector(const uint8_t* lut, const uint8_t* x, int64_t n, uint8_t* y);
 
+// o[c] = the max over a window of kh x kw NHWC pixels of C channels, x its
+// top-left pixel, rows `row` values apart (a max pooling's output pixel; for
+// floats p > m ? p : m in pixel order, as graph.cc's scalar loop): true when
+// done (u8: AVX-512F with BW and VL; f32: AVX-512F), false, and nothing
+// written, without.
+bool max_window_vector(const uint8_t* x, int64_t row, int64_t C, int64_t kh, int64_t kw, uint8_t* o);
+bool max_window_vector(const float* x, int64_t row, int64_t C, int64_t kh, int64_t kw, float* o);
+
 // y = round_u8((x - zx) m[c] + b[c], zy) over outer x channels x inner values,
 // channel c's m[c] and b[c] for each run of inner values (inner = 1: NHWC rows
 // of channels); b may be NULL (no shift). round_u8 is graph.cc's: round half to

@@ -398,3 +398,45 @@ def test_u8_scalar_loops_give_the_vector_values():
     assert runs[0].keys() == runs[1].keys()
     for name in runs[0]:
         assert runs[0][name] == runs[1][name], name
+
+
+_MAX_POOL = """
+import sys, torch, qpack
+import torch.nn.functional as F
+from qpack import _core
+qpack.set_num_threads(int(sys.argv[1]))
+gen = torch.Generator().manual_seed(5)
+out = []
+for dtype in ["f32", "u8"]:
+    for c in [3, 16, 17, 64, 80, 130]:
+        for k, s, p, ceil in [(3, 2, 1, False), (2, 2, 0, False), (3, 1, 1, False), (3, 2, 0, True), (5, 3, 2, False)]:
+            v = ("f32", 0, 0) if dtype == "f32" else ("u8", 0.1, 7)
+            g = _core.GraphHandle([v, v], [dict(kind="maxpool2d", inputs=[0], output=1, kernel=(k, k), stride=(s, s),
+                                                padding=(p, p, p, p), ceil_mode=ceil)], [0], [1])
+            x = torch.randn(2, 19, 23, c, generator=gen)  # NHWC
+            if dtype == "u8":
+                x = torch.randint(0, 256, x.shape, dtype=torch.uint8, generator=gen)
+            y = torch.from_numpy(g.run([x.numpy()], ["nhwc"], "nhwc")[0])
+            ref = F.max_pool2d(x.permute(0, 3, 1, 2).float(), k, s, p, ceil_mode=ceil).permute(0, 2, 3, 1)
+            assert torch.equal(y.float(), ref), (dtype, c, k, s, p, ceil)
+            out.append(y)
+torch.save(out, sys.argv[2])
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_max_pool_vector_and_scalar_agree_with_torch(threads, tmp_path):
+    """NHWC max pooling, u8 and f32: the AVX-512 window kernel (a vector of channels per
+    step, a masked tail: 3, 17, 80, 130 channels) and the scalar loops (QPACK_VEC_MATH=0)
+    both equal PyTorch's max_pool2d, value for value, and each other."""
+    outs = []
+    for vec in ["1", "0"]:
+        path = str(tmp_path / f"max_pool_{vec}.pt")
+        env = dict(os.environ, QPACK_VEC_MATH=vec)
+        r = subprocess.run([sys.executable, "-c", _MAX_POOL, threads, path], env=env, capture_output=True,
+                           text=True, cwd="/tmp")
+        assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+        outs.append(torch.load(path))
+    assert len(outs[0]) == len(outs[1]) == 60
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
