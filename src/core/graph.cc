@@ -1193,9 +1193,15 @@ GraphPlan Graph::make_plan(const qpack_tensor* inputs) const {
   // A quantize of an NCHW input of few channels (an image's 3) whose readers
   // are all convolutions keeps NCHW: the convolution converts u8 (oneDNN's
   // reorder), faster there than the quantize's element-wise transpose. From
-  // 16 channels the quantize's block transpose is the faster.
+  // 16 channels the quantize's block transpose is the faster, and up to 4
+  // so is its interleaving kernel where the CPU has it (AVX-512 VBMI: the
+  // [1, 3, 224, 224] image into ResNet-18's 7x7 / 2 and MobileNetV2's 3x3 / 2
+  // convolutions, one Zen 5 thread: their u8 reorder took 36 us of each).
   for (const auto& n : nodes_) {
-    if (n.kind != QPACK_NODE_QUANTIZE || !p.nchw[n.in[0]] || p.shapes[n.out].d[1] >= 16) continue;
+    if (n.kind != QPACK_NODE_QUANTIZE || !p.nchw[n.in[0]] || p.shapes[n.out].d[1] >= 16 ||
+        quantize_interleave_u8_vectorized(p.shapes[n.out].d[1])) {
+      continue;
+    }
     bool convs_only = std::find(outputs_.begin(), outputs_.end(), n.out) == outputs_.end();
     for (const auto& m : nodes_) {
       if (std::find(m.in.begin(), m.in.end(), n.out) != m.in.end() && m.kind != QPACK_NODE_CONV2D) {
@@ -1881,6 +1887,16 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       return;
     }
     case QPACK_NODE_QUANTIZE:
+      if (plan.nchw[n.in[0]] && !plan.nchw[n.out] && quantize_interleave_u8_vectorized(xs.d[1])) {
+        const int64_t C = xs.d[1], HW = xs.d[2] * xs.d[3];  // NCHW in, NHWC out, a few channels
+        for (int64_t b = 0; b < xs.d[0]; ++b) {
+          parallel_range((HW + 15) / 16, 256, [&](int64_t s0, int64_t s1) {
+            quantize_interleave_u8_vector(xf + b * C * HW, C, HW, s0 * 16, std::min(HW, s1 * 16),
+                                          1.0f / qy.scale, static_cast<float>(qy.zp), y + b * C * HW);
+          });
+        }
+        return;
+      }
       if (plan.nchw[n.in[0]] && !plan.nchw[n.out]) {  // NCHW in, NHWC out: quantize, transpose
         thread_local std::vector<uint8_t> tmp;
         tmp.resize(static_cast<size_t>(count));

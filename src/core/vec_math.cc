@@ -282,6 +282,39 @@ QPACK_AVX512 void quantize512(const float* x, int64_t n, float inv_scale, float 
   }
 }
 
+// 16 floats of x (the lanes of m; zeros elsewhere) quantized as quantize512:
+// their bytes.
+QPACK_AVX512BW inline __m128i round_u8_16(const float* x, __mmask16 m, __m512 inv, __m512 zp) {
+  __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x), inv);
+  v = _mm512_add_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zp);
+  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), _mm512_set1_ps(255.0f));
+  return _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(v));
+}
+
+// Pixels [p0, p1) of an NCHW image of C <= 4 float planes (HW values each)
+// quantized into NHWC bytes (an image's 3 channels at a graph's input): 16
+// pixels a step, each plane's 16 bytes rounded as quantize512, the C x 16
+// bytes interleaved by one byte permute (VBMI) and stored as 16 C bytes.
+QPACK_AVX512VBMI void quantize_interleave512(const float* x, int64_t C, int64_t HW, int64_t p0, int64_t p1,
+                                             float inv_scale, float zero_point, uint8_t* y) {
+  const __m512 inv = _mm512_set1_ps(inv_scale), zp = _mm512_set1_ps(zero_point);
+  alignas(64) uint8_t index[64];
+  for (int j = 0; j < 64; ++j) index[j] = j < 16 * C ? static_cast<uint8_t>((j % C) * 16 + j / C) : 0;
+  const __m512i perm = _mm512_load_si512(index);
+  for (int64_t p = p0; p < p1; p += 16) {
+    const int64_t n = std::min<int64_t>(16, p1 - p);
+    const __mmask16 m = mask16(n);
+    const __m128i zero = _mm_setzero_si128();
+    __m512i planes = _mm512_castsi128_si512(round_u8_16(x + p, m, inv, zp));
+    planes = _mm512_inserti32x4(planes, C > 1 ? round_u8_16(x + HW + p, m, inv, zp) : zero, 1);
+    planes = _mm512_inserti32x4(planes, C > 2 ? round_u8_16(x + 2 * HW + p, m, inv, zp) : zero, 2);
+    planes = _mm512_inserti32x4(planes, C > 3 ? round_u8_16(x + 3 * HW + p, m, inv, zp) : zero, 3);
+    const int64_t bytes = n * C;
+    const __mmask64 out = bytes >= 64 ? ~__mmask64(0) : (__mmask64(1) << bytes) - 1;
+    _mm512_mask_storeu_epi8(y + p * C, out, _mm512_permutexvar_epi8(perm, planes));
+  }
+}
+
 // y = clamp(round_half_even(a x0 + b x1 + c), lo, hi): a u8 add requantized
 // (quant.cc's affine2_range, the same rounding; the scalar loop may contract
 // differently into FMAs: within one quantum). 16 values per step.
@@ -569,6 +602,15 @@ bool max_window_vector(const float* x, int64_t row, int64_t C, int64_t kh, int64
   return true;
 }
 
+bool quantize_interleave_u8_vectorized(int64_t C) { return has_vbmi() && C >= 1 && C <= 4; }
+
+bool quantize_interleave_u8_vector(const float* x, int64_t C, int64_t HW, int64_t p0, int64_t p1, float inv_scale,
+                                   float zero_point, uint8_t* y) {
+  if (!quantize_interleave_u8_vectorized(C)) return false;
+  quantize_interleave512(x, C, HW, p0, p1, inv_scale, zero_point, y);
+  return true;
+}
+
 int64_t lut_u8_vector(const uint8_t* lut, const uint8_t* x, int64_t n, uint8_t* y) {
   if (!has_vbmi()) return 0;
   lut512(lut, x, n, y);
@@ -629,6 +671,10 @@ int64_t affine2_u8_vector(const uint8_t*, const uint8_t*, int64_t, float, float,
   return 0;
 }
 int64_t lut_u8_vector(const uint8_t*, const uint8_t*, int64_t, uint8_t*) { return 0; }
+bool quantize_interleave_u8_vectorized(int64_t) { return false; }
+bool quantize_interleave_u8_vector(const float*, int64_t, int64_t, int64_t, int64_t, float, float, uint8_t*) {
+  return false;
+}
 bool max_window_vector(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*) { return false; }
 bool max_window_vector(const float*, int64_t, int64_t, int64_t, int64_t, float*) { return false; }
 bool affine_u8_vector(const uint8_t*, int64_t, int64_t, int64_t, const float*, const float*, float, float,

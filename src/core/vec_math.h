@@ -36,6 +36,14 @@ bool activate_f32_vectorized(qpack_activation act);
 // whole vectors of 8 with AVX2, 0 without either); the caller does the rest.
 int64_t quantize_u8_vector(const float* x, int64_t n, float inv_scale, float zero_point, uint8_t* y);
 
+// Pixels [p0, p1) of one NCHW image of C float planes of HW values quantized
+// as quantize_u8_vector into NHWC bytes (y: the image's, pixel p at y + p C):
+// true when done (C <= 4, AVX-512 VBMI), false, and nothing written, without.
+bool quantize_interleave_u8_vector(const float* x, int64_t C, int64_t HW, int64_t p0, int64_t p1, float inv_scale,
+                                   float zero_point, uint8_t* y);
+// Whether quantize_interleave_u8_vector does that work for C channels here.
+bool quantize_interleave_u8_vectorized(int64_t C);
+
 // y[i] = clamp(round_half_even(a x0[i] + b x1[i] + c), lo, hi) (a u8 add
 // requantized) for a prefix of the n values: returns its length (whole
 // vectors of 16 with AVX-512F, 0 without); the caller does the rest.

@@ -440,3 +440,34 @@ def test_max_pool_vector_and_scalar_agree_with_torch(threads, tmp_path):
         outs.append(torch.load(path))
     assert len(outs[0]) == len(outs[1]) == 60
     assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+_QUANTIZE_TO_NHWC = """
+import sys, torch, qpack
+from qpack import _core
+qpack.set_num_threads(int(sys.argv[1]))
+gen = torch.Generator().manual_seed(3)
+for scale, zp in [(0.0371, 131), (1e-3, 0), (2.5, 255)]:
+    g = _core.GraphHandle([("f32", 0, 0), ("u8", scale, zp)], [dict(kind="quantize", inputs=[0], output=1)], [0], [1])
+    for shape in [(1, 3, 224, 224), (2, 3, 5, 7), (1, 1, 4, 4), (3, 2, 1, 17), (1, 4, 33, 9), (1, 3, 1, 1)]:
+        x = torch.randn(*shape, generator=gen) * 150 * scale
+        x.view(-1)[0] = 0.5 * scale  # a half: to even
+        q = torch.from_numpy(g.run([x.numpy()], ["nchw"], "nhwc")[0])
+        inv = 1.0 / torch.tensor(scale, dtype=torch.float32)  # in float, as the core
+        ref = (torch.round(x * inv) + zp).clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+        assert q.shape == ref.shape and torch.equal(q, ref), (scale, shape)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("vec", ["1", "0"])
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_quantize_of_a_few_channels_to_nhwc_is_exact(vec, threads):
+    """A quantize node given NCHW floats of 1 to 4 channels (an image) and asked for NHWC
+    bytes: interleaved by one byte permute per 16 pixels where the CPU has AVX-512 VBMI
+    (masked tails: 5 x 7, 1 x 17 pixels), else quantized and transposed; both round half to
+    even as PyTorch, value for value."""
+    env = dict(os.environ, QPACK_VEC_MATH=vec)
+    r = subprocess.run([sys.executable, "-c", _QUANTIZE_TO_NHWC, threads], env=env, capture_output=True,
+                       text=True, cwd="/tmp")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

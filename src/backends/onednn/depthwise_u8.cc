@@ -119,7 +119,9 @@ struct Zmm {
   static QPACK_DW_TARGET M mask(int64_t n) {
     return n >= 64 ? ~M(0) : static_cast<M>((uint64_t(1) << n) - 1);
   }
-  static QPACK_DW_TARGET I load(M m, const void* p) { return _mm512_maskz_loadu_epi8(m, p); }
+  static QPACK_DW_TARGET I load(M m, const void* p) {
+    return m == ~M(0) ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(m, p);
+  }
   static QPACK_DW_TARGET I mask_bytes(M m, I v) { return _mm512_maskz_mov_epi8(m, v); }
   static QPACK_DW_TARGET void store(void* p, M m, I v) { _mm512_mask_storeu_epi8(p, m, v); }
   static QPACK_DW_TARGET I zero() { return _mm512_setzero_si512(); }
