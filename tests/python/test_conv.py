@@ -211,6 +211,49 @@ def test_int8_depthwise_channels_last_matches_nchw(case):
     assert (nhwc.to(torch.int32) - nchw.to(torch.int32)).abs().max().item() <= 1, case
 
 
+def dense3x3_cases():
+    """3x3 dense depthwise convolutions, MobileNet's, around qpack's own kernel: channel
+    counts on and off its 64- and 32-channel blocks (whole blocks load and store without a
+    mask), strides 1 to 3, rows of 3 columns and more, paddings 0 and 1 and asymmetric,
+    batches."""
+    rng = random.Random(13)
+    out = []
+    for ch in (64, 65, 80, 96, 100, 128, 144, 160, 200):
+        for stride in ((1, 1), (2, 2), (1, 2), (3, 1)):
+            padding = rng.choice([(1, 1), (0, 0), (1, 0), (0, 1)])
+            hw = rng.choice([(rng.randint(3, 12), rng.randint(3, 12)), (3, 3), (5, 3)])
+            out.append(dict(batch=rng.randint(1, 2), cin=ch, cout=ch, groups=ch, k=(3, 3), stride=stride,
+                            padding=padding, dilation=(1, 1), hw=hw, bias=rng.random() < 0.7,
+                            per_channel=rng.random() < 0.7, activation=rng.choice(ACTIVATIONS), channels_last=True))
+    return out
+
+
+@pytest.mark.parametrize("case", dense3x3_cases(),
+                         ids=lambda c: f"c{c['cin']}s{c['stride'][0]}{c['stride'][1]}p{c['padding'][0]}{c['padding'][1]}")
+def test_int8_depthwise_3x3_matches_reference_and_onednn(case, monkeypatch):
+    """qpack's 3x3 depthwise kernel: within 1 of the float reference
+    (dequantize, float convolution, requantize; PyTorch's x86 engine is 24 to 67 off both
+    kernels on some padded ones without bias) and of oneDNN's own kernel on the same weights
+    (QPACK_ONEDNN_OWN_DEPTHWISE=0 when made)."""
+    torch.manual_seed(case["cin"] + 10 * case["stride"][0])
+    np.random.seed(case["cin"])
+    w, ws, b, x = make_int8(case)
+
+    def make():
+        return qpack.PackedConv2d(w, b, case["stride"], case["padding"], case["dilation"], case["groups"],
+                                  backend="onednn", weight_scale=ws, output_scale=0.25, output_zero_point=98,
+                                  activation=case["activation"])
+    own = make()(x, scale=0.04, zero_point=117)
+    ref = float_qconv(x, 0.04, 117, w, ws, b, case["padding"], case["groups"], 0.25, 98, case["stride"],
+                      case["dilation"], case["activation"])
+    assert own.shape == ref.shape
+    assert (own.to(torch.int32) - ref).abs().max().item() <= 1, case
+    monkeypatch.setenv("QPACK_ONEDNN_OWN_DEPTHWISE", "0")
+    dnnl = make()(x, scale=0.04, zero_point=117)
+    assert own.shape == dnnl.shape
+    assert (own.to(torch.int32) - dnnl.to(torch.int32)).abs().max().item() <= 1, case
+
+
 def pointwise_cases():
     """Static int8 1x1 convolutions around qpack's own oneDNN-backend kernel: input channels
     from 1 to 576 (it reads 4 at a time: off multiples of 4 the buffer's last pixel comes

@@ -119,11 +119,20 @@ struct Zmm {
   static QPACK_DW_TARGET M mask(int64_t n) {
     return n >= 64 ? ~M(0) : static_cast<M>((uint64_t(1) << n) - 1);
   }
+  // Whole blocks load and store without a mask: masked byte moves under a
+  // full mask ran the 3x3 x64 @56^2 layer at 37 us against 21 (x144: 92
+  // against 63), one Zen 5 thread.
   static QPACK_DW_TARGET I load(M m, const void* p) {
     return m == ~M(0) ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(m, p);
   }
   static QPACK_DW_TARGET I mask_bytes(M m, I v) { return _mm512_maskz_mov_epi8(m, v); }
-  static QPACK_DW_TARGET void store(void* p, M m, I v) { _mm512_mask_storeu_epi8(p, m, v); }
+  static QPACK_DW_TARGET void store(void* p, M m, I v) {
+    if (m == ~M(0)) {
+      _mm512_storeu_si512(p, v);
+    } else {
+      _mm512_mask_storeu_epi8(p, m, v);
+    }
+  }
   static QPACK_DW_TARGET I zero() { return _mm512_setzero_si512(); }
   static QPACK_DW_TARGET I bytes(uint8_t v) { return _mm512_set1_epi8(static_cast<char>(v)); }
   static QPACK_DW_TARGET I unpacklo8(I a, I b) { return _mm512_unpacklo_epi8(a, b); }
@@ -154,9 +163,17 @@ struct Ymm : avx2::Ymm256 {
   static QPACK_DW_TARGET M mask(int64_t n) {
     return n >= 32 ? ~M(0) : static_cast<M>((uint32_t(1) << n) - 1);
   }
-  static QPACK_DW_TARGET I load(M m, const void* p) { return _mm256_maskz_loadu_epi8(m, p); }
+  static QPACK_DW_TARGET I load(M m, const void* p) {
+    return m == ~M(0) ? _mm256_loadu_si256(static_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi8(m, p);
+  }
   static QPACK_DW_TARGET I mask_bytes(M m, I v) { return _mm256_maskz_mov_epi8(m, v); }
-  static QPACK_DW_TARGET void store(void* p, M m, I v) { _mm256_mask_storeu_epi8(p, m, v); }
+  static QPACK_DW_TARGET void store(void* p, M m, I v) {
+    if (m == ~M(0)) {
+      _mm256_storeu_si256(static_cast<__m256i*>(p), v);
+    } else {
+      _mm256_mask_storeu_epi8(p, m, v);
+    }
+  }
   static QPACK_DW_TARGET I dot(I acc, I u8, I s8) { return _mm256_dpbusd_epi32(acc, u8, s8); }
 };
 
