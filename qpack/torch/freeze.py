@@ -24,7 +24,7 @@ from qpack._core import Error as qpack_error
 from qpack._core import InvalidArgumentError, InvalidTypeError
 from qpack._policy import backends as _backends
 from qpack.torch import quantize as _q
-from qpack.torch.modules import FROZEN_TYPES, FrozenConv1d, FrozenConv2d, FrozenLinear
+from qpack.torch.modules import FROZEN_TYPES, FrozenConv1d, FrozenConv2d, FrozenLinear, FrozenMultiheadAttention
 
 
 class FreezeWarning(UserWarning):
@@ -155,6 +155,29 @@ def convert_linear(mod, ctx, bn=None, activation=None):
                              folded_bn=bn is not None, **common)
 
 
+class _Projection:
+    """nn.MultiheadAttention's packed-together query/key/value projection as what
+    convert_linear reads (.weight, .bias)."""
+
+    def __init__(self, weight, bias):
+        self.weight, self.bias = weight, bias
+
+
+def convert_multihead_attention(mod, ctx, bn=None, activation=None):
+    """nn.MultiheadAttention: its two projections frozen as convert_linear freezes a Linear
+    (fp32, or int8 dynamic: attention's inputs are not calibrated), attention itself in
+    PyTorch (FrozenMultiheadAttention). Kept as it is with bias_k / bias_v, add_zero_attn,
+    or key / value sizes of their own."""
+    if (mod.bias_k is not None or mod.bias_v is not None or mod.add_zero_attn or not mod._qkv_same_embed_dim
+            or mod.in_proj_weight is None):
+        return None
+    in_proj = convert_linear(_Projection(mod.in_proj_weight, mod.in_proj_bias), ctx)
+    out_proj = convert_linear(mod.out_proj, ctx)
+    if in_proj is None or out_proj is None:
+        return None
+    return FrozenMultiheadAttention(in_proj, out_proj, mod.num_heads, mod.batch_first)
+
+
 def _conv_padding(mod):
     if mod.padding_mode != "zeros":
         return None
@@ -251,6 +274,7 @@ def _default_mapping():
         nn.Linear: Rule(convert_linear, fold_bn=(nn.BatchNorm1d,), fuse_activation=True),
         nn.Conv1d: Rule(_make_conv_converter(FrozenConv1d), fold_bn=(nn.BatchNorm1d,), fuse_activation=True),
         nn.Conv2d: Rule(_make_conv_converter(FrozenConv2d), fold_bn=(nn.BatchNorm2d,), fuse_activation=True),
+        nn.MultiheadAttention: Rule(convert_multihead_attention),
     }
     try:
         with warnings.catch_warnings():
@@ -325,8 +349,8 @@ def _activation_of(node, cur, modules):
 def _inside_torch_leaves(model, rules):
     """ids of the layers inside a torch.nn module that fx calls as one leaf and that
     has no rule: its own code uses them, and may read their tensors itself
-    (nn.MultiheadAttention hands out_proj.weight to a function: torchvision's ViT),
-    so they stay as they are, whether the model traces or not."""
+    (nn.TransformerEncoderLayer hands self_attn's weights to a function), so they stay
+    as they are, whether the model traces or not."""
     leaf = torch.fx.Tracer().is_leaf_module
     return {id(c) for m in model.modules()
             if type(m) not in rules and not isinstance(m, _BatchNorm) and type(m).forward is not nn.Module.forward
@@ -539,7 +563,8 @@ def _check_eval(model):
 
 def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=None, dtype=None,
            fuse=True, mapping=None, graph=True, progress=None, reduce_range="auto"):
-    """A copy of ``model`` whose Linear/Conv1d/Conv2d layers run on qpack's packed weights.
+    """A copy of ``model`` whose Linear/Conv1d/Conv2d layers run on qpack's packed weights
+    (and nn.MultiheadAttention on packed projections: FrozenMultiheadAttention).
 
     - ``dtype=None`` keeps each layer's precision: float layers become fp32
       (oneDNN); torchao Int8Tensor weights and torch.ao quantized modules
@@ -692,6 +717,7 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
     if any(layer.mode != "f32" for seg in segs for layer in seg.layers):
         return None
     _swap(fp32, _int8_graph_layers(segs, qp, backend, retain, show_progress, bits))
+    _swap(fp32, _int8_attention(fp32, backend, retain, bits))
     try:
         _g.attach(fp32, qp)
     except (_g.Unsupported, qpack_error):
@@ -728,6 +754,19 @@ def _int8_graph_layers(segs, qp, backend, retain, show_progress, bits):
             replacements[id(layer)] = _static_int8(layer, qp[seg.values[n["inputs"][0]].name], out_qp, backend,
                                                    retain, activation, bits)
     return replacements
+
+
+def _int8_attention(fp32, backend, retain, bits):
+    """{id: int8} for the frozen multi-head attentions of an int8 graph freeze, which run
+    in PyTorch between its graphs: their projections re-packed int8 dynamic (per-channel
+    weights from the fp32 packed ones), as a layer-by-layer int8 freeze makes them."""
+    ctx = FreezeContext(backend=backend, retain=retain, dtype="int8", bits=bits)
+    out = {}
+    for m in fp32.modules():
+        if isinstance(m, FrozenMultiheadAttention) and m.in_proj.mode == "f32":
+            lin = [convert_linear(_Projection(*p.unpack()), ctx) for p in (m.in_proj, m.out_proj)]
+            out[id(m)] = FrozenMultiheadAttention(lin[0], lin[1], m.num_heads, m.batch_first).train(False)
+    return out
 
 
 def _within(activation, lo, hi):
@@ -876,7 +915,7 @@ def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fu
     rules.update(_subclass_rules(model, rules))
 
     plan, drop, keep = {}, {}, set()
-    if fuse:
+    if fuse and type(model) not in rules:  # (a layer frozen on its own has nothing to fuse with)
         try:
             plan, drop, keep = _analyze(model, rules)
         except Exception as e:  # noqa: BLE001 - any tracing failure means: no fusion
@@ -888,9 +927,11 @@ def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fu
                 f"{where}", FreezeWarning, stacklevel=3)
 
     seen, layers = set(keep) | _inside_torch_leaves(model, rules), []
-    for m in model.modules():
-        if type(m) in rules and id(m) not in seen:
-            seen.add(id(m))
+    for m in model.modules():  # parents first: a layer kept or converted takes its submodules with it
+        if id(m) in seen:  # (MHA's out_proj: its converter's, or read by the kept module's own forward)
+            seen.update(id(c) for c in m.modules())
+        elif type(m) in rules:
+            seen.update(id(c) for c in m.modules())
             layers.append(m)
 
     ctx = FreezeContext(backend=backend, retain=retain, dtype=dtype, bits=bits)
@@ -967,9 +1008,10 @@ def unfreeze(frozen, *, inplace=False):
         return mod
 
     from qpack.torch import graph as _g
-    if isinstance(frozen, FROZEN_TYPES):
+    if isinstance(frozen, FROZEN_TYPES + (FrozenMultiheadAttention,)):
         return back(frozen)
-    replacements = {id(m): back(m) for m in frozen.modules() if isinstance(m, FROZEN_TYPES)}
+    replacements = {id(m): back(m) for m in frozen.modules()
+                    if isinstance(m, FROZEN_TYPES + (FrozenMultiheadAttention,))}
     if inplace:
         _swap(frozen, replacements)
         _g.detach(frozen)

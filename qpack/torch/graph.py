@@ -23,7 +23,7 @@ from torch import nn
 
 from qpack import _core
 from qpack.torch import quantize as _q
-from qpack.torch.modules import FrozenConv1d, FrozenConv2d, FrozenLinear
+from qpack.torch.modules import FrozenConv1d, FrozenConv2d, FrozenLinear, FrozenMultiheadAttention
 
 
 class Unsupported(Exception):
@@ -638,7 +638,8 @@ def trace(model):
     """fx trace of a layer-frozen model, frozen layers as leaves."""
     class Tracer(torch.fx.Tracer):
         def is_leaf_module(self, m, qualname):
-            return isinstance(m, (FrozenConv1d, FrozenConv2d, FrozenLinear)) or super().is_leaf_module(m, qualname)
+            return (isinstance(m, (FrozenConv1d, FrozenConv2d, FrozenLinear, FrozenMultiheadAttention))
+                    or super().is_leaf_module(m, qualname))
 
     graph = trace_clean(Tracer(), model)
     try:

@@ -1,4 +1,5 @@
-"""nn.Module faces of qpack's packed objects: FrozenLinear, FrozenConv1d, FrozenConv2d.
+"""nn.Module faces of qpack's packed objects: FrozenLinear, FrozenConv1d, FrozenConv2d, and
+FrozenMultiheadAttention (nn.MultiheadAttention on two frozen linears).
 
 A frozen module owns one packed object and a small, plain description of it
 (mode, activation, quantization parameters, geometry). Its saved state
@@ -11,6 +12,7 @@ import copy
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import qpack
@@ -62,8 +64,8 @@ class _Frozen(nn.Module):
             raise AttributeError(
                 f"{type(self).__name__} holds its weight packed, with no .{name} tensor: .unpack() gives "
                 f"(weight, bias) as copies. A model whose own code reads a layer's .weight needs that layer "
-                f"unfrozen: freeze leaves nn.MultiheadAttention's out_proj and the layers a traced forward "
-                f"reads alone; for others, pass freeze a mapping whose Rule for that layer's type converts "
+                f"unfrozen: freeze leaves the layers a traced forward reads alone (and torch modules such as "
+                f"nn.TransformerEncoderLayer whole); for others, pass freeze a mapping whose Rule for that layer's type converts "
                 f"to None (qpack.torch.Rule(lambda m, ctx, **kw: None))")
         return super().__getattr__(name)
 
@@ -489,4 +491,125 @@ class FrozenConv2d(_FrozenConv):
 
 FROZEN_TYPES = (FrozenLinear, FrozenConv1d, FrozenConv2d)
 
-__all__ = ["FrozenConv1d", "FrozenConv2d", "FrozenLinear", "FROZEN_TYPES"]
+
+class FrozenMultiheadAttention(nn.Module):
+    """nn.MultiheadAttention (eval) on packed projections: ``in_proj`` (E -> 3E, the
+    query, key and value projections in one) and ``out_proj`` (E -> E) are frozen
+    linears (fp32, or int8 as freeze's dtype asks); the attention between them is
+    PyTorch's ``scaled_dot_product_attention``, or softmax(Q K^T / sqrt(d) + mask) V
+    when the weights are asked for (``need_weights``, nn.MultiheadAttention's
+    default). The same arguments and results as nn.MultiheadAttention.forward:
+    batched or unbatched inputs, ``batch_first``, boolean or float ``attn_mask``
+    (L x S or N*H x L x S) and ``key_padding_mask``, ``is_causal``,
+    ``average_attn_weights``. Self-attention (query, key and value the same
+    tensor) projects once; otherwise each distinct input is projected by
+    ``in_proj`` and the rows it needs kept. ``unfreeze`` gives back an
+    nn.MultiheadAttention."""
+
+    def __init__(self, in_proj, out_proj, num_heads, batch_first):
+        super().__init__()
+        self.in_proj = in_proj
+        self.out_proj = out_proj
+        self.num_heads = int(num_heads)
+        self.batch_first = bool(batch_first)
+        self.embed_dim = out_proj.out_features
+
+    def extra_repr(self):
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}"
+
+    def _projections(self, query, key, value):
+        E = self.embed_dim
+        q_all = self.in_proj(query)
+        if key is query and value is query:
+            return q_all.split(E, dim=-1)
+        kv_all = q_all if key is query else self.in_proj(key)
+        v_all = kv_all if value is key else (q_all if value is query else self.in_proj(value))
+        return q_all[..., :E], kv_all[..., E:2 * E], v_all[..., 2 * E:]
+
+    @staticmethod
+    def _float_mask(mask, dtype, name):
+        if mask is None:
+            return None
+        if mask.dtype == torch.bool:
+            return torch.zeros(mask.shape, dtype=dtype).masked_fill_(mask, float("-inf"))
+        if not mask.is_floating_point():
+            raise InvalidTypeError(f"{name} must be a bool or float tensor, got {mask.dtype}")
+        return mask.to(dtype)
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if not torch.is_tensor(t) or t.dtype != torch.float32:
+                raise InvalidTypeError(f"frozen multi-head attention takes float32 tensors; {name} is "
+                                       f"{t.dtype if torch.is_tensor(t) else type(t).__name__}")
+        unbatched = query.dim() == 2
+        if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
+            raise InvalidTypeError(f"frozen multi-head attention takes (L, E) or batched 3-d query, key and "
+                                   f"value, got {query.dim()}-d, {key.dim()}-d and {value.dim()}-d")
+        E, H = self.embed_dim, self.num_heads
+        if query.shape[-1] != E or key.shape[-1] != E or value.shape[-1] != E:
+            raise InvalidTypeError(f"frozen multi-head attention: embed_dim is {E}, got query, key and value "
+                                   f"of last dims {query.shape[-1]}, {key.shape[-1]}, {value.shape[-1]}")
+        q_in, k_in, v_in = query, key, value
+        if unbatched:
+            q_in, k_in, v_in = (t.unsqueeze(0) for t in (query, key, value))
+        elif not self.batch_first:
+            q_in, k_in, v_in = (t.transpose(0, 1) for t in (query, key, value))
+        # keep identity (self-attention) through the reshapes
+        k_in = q_in if key is query else k_in
+        v_in = q_in if value is query else (k_in if value is key else v_in)
+        qp, kp, vp = self._projections(q_in, k_in, v_in)
+        B, L, S, hd = q_in.shape[0], q_in.shape[1], k_in.shape[1], E // H
+        qh = qp.reshape(B, L, H, hd).transpose(1, 2)
+        kh = kp.reshape(B, S, H, hd).transpose(1, 2)
+        vh = vp.reshape(B, S, H, hd).transpose(1, 2)
+        mask = self._float_mask(attn_mask, qh.dtype, "attn_mask")
+        if mask is not None:
+            mask = mask.reshape(1, 1, L, S) if mask.dim() == 2 else mask.reshape(B, H, L, S)
+        pad = self._float_mask(key_padding_mask, qh.dtype, "key_padding_mask")
+        if pad is not None:
+            pad = pad.reshape(B, 1, 1, S)
+            mask = pad if mask is None else mask + pad
+        causal = bool(is_causal) and attn_mask is None
+        if causal and mask is not None:  # a causal mask with the padding one
+            mask = mask + torch.full((L, S), float("-inf")).triu_(1)
+            causal = False
+        weights = None
+        if need_weights:
+            scores = torch.matmul(qh, kh.transpose(-2, -1)) * (1.0 / hd ** 0.5)
+            if causal:
+                scores = scores + torch.full((L, S), float("-inf")).triu_(1)
+            elif mask is not None:
+                scores = scores + mask
+            attn = torch.softmax(scores, dim=-1)
+            out = torch.matmul(attn, vh)
+            weights = attn.mean(dim=1) if average_attn_weights else attn
+            if unbatched:
+                weights = weights.squeeze(0)
+        else:
+            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal)
+        out = self.out_proj(out.transpose(1, 2).reshape(B, L, E))
+        if unbatched:
+            out = out.squeeze(0)
+        elif not self.batch_first:
+            out = out.transpose(0, 1)
+        return out, weights
+
+    def to_torch(self):
+        """An nn.MultiheadAttention with the unpacked (for int8: dequantized) projections."""
+        inp, outp = self.in_proj.to_torch(), self.out_proj.to_torch()
+        mha = nn.MultiheadAttention(self.embed_dim, self.num_heads, bias=inp.bias is not None,
+                                    batch_first=self.batch_first)
+        with torch.no_grad():
+            mha.in_proj_weight.copy_(inp.weight)
+            mha.out_proj.weight.copy_(outp.weight)
+            if inp.bias is not None:
+                mha.in_proj_bias.copy_(inp.bias)
+            if outp.bias is not None:
+                mha.out_proj.bias.copy_(outp.bias)
+            elif mha.out_proj.bias is not None:
+                mha.out_proj.bias.zero_()
+        return mha.train(False)
+
+
+__all__ = ["FrozenConv1d", "FrozenConv2d", "FrozenLinear", "FrozenMultiheadAttention", "FROZEN_TYPES"]

@@ -51,13 +51,16 @@ class Cached(nn.Module):
 
 
 @pytest.mark.parametrize("dtype", [None, "int8"])
-def test_multihead_attention_keeps_its_out_proj(dtype):
+def test_multihead_attention_is_frozen_whole(dtype):
+    """nn.MultiheadAttention reads its out_proj's weight itself: it is frozen whole (both
+    projections packed, test_attention.py), never its out_proj alone."""
     torch.manual_seed(0)
     model = AttentionBlock().eval()
     x = torch.randn(2, 3, 32, 32)
     kw = dict(dtype="int8", example_inputs=[torch.randn_like(x) for _ in range(3)]) if dtype else {}
     f = qpack.freeze(model, progress=False, **kw)
-    assert type(f.attn.out_proj) is type(model.attn.out_proj)  # nn.MultiheadAttention reads its weight
+    assert type(f.attn) is qpack.torch.FrozenMultiheadAttention
+    assert f.attn.out_proj.mode == ("f32" if dtype is None else "int8_dynamic")
     with torch.no_grad():  # int8: a small random transformer, 3 calibration batches (a broken one is ~1)
         assert rel_err(f(x), model(x)) < (1e-5 if dtype is None else 0.25)
     assert "layer_norm" in (qpack.graph_report(f) or "")

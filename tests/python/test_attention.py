@@ -1,0 +1,222 @@
+"""nn.MultiheadAttention frozen (qpack.torch.FrozenMultiheadAttention): its two projections
+packed (fp32, or int8 dynamic), attention in PyTorch. PyTorch's own module is the oracle for
+every argument of its forward; what freeze keeps as it is, lifetimes, saving, errors."""
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+import qpack
+from qpack.torch import FrozenMultiheadAttention
+
+pytestmark = pytest.mark.skipif("onednn" not in qpack.backends(), reason="the oneDNN backend is not built")
+
+E, H = 32, 4
+
+
+def mha(batch_first=True, bias=True, seed=0, **kw):
+    torch.manual_seed(seed)
+    m = nn.MultiheadAttention(E, H, bias=bias, batch_first=batch_first, **kw).eval()
+    with torch.no_grad():  # nonzero biases (PyTorch starts them at 0)
+        for p in (m.in_proj_bias, m.out_proj.bias):
+            if p is not None:
+                p.uniform_(-0.5, 0.5)
+    return m
+
+
+def close(a, b, tol=1e-5):
+    return a.shape == b.shape and (a - b).abs().max().item() <= tol * max(1.0, b.abs().max().item())
+
+
+def call(m, q, k, v, **kw):
+    with torch.no_grad():
+        return m(q, k, v, **kw)
+
+
+L, S, N = 7, 9, 3
+
+
+def masks(batch_first):
+    g = torch.Generator().manual_seed(1)
+    bool_2d = torch.rand(L, S, generator=g) > 0.7
+    bool_2d[:, 0] = False  # every query sees a key
+    float_3d = torch.randn(N * H, L, S, generator=g)
+    pad = torch.zeros(N, S, dtype=torch.bool)
+    pad[0, -3:] = True
+    pad_float = torch.randn(N, S, generator=g)
+    return [dict(), dict(attn_mask=bool_2d), dict(attn_mask=float_3d), dict(key_padding_mask=pad),
+            dict(key_padding_mask=pad_float), dict(attn_mask=bool_2d, key_padding_mask=pad)]
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("need_weights", [True, False])
+@pytest.mark.parametrize("inputs", ["self", "kv", "distinct"])
+def test_frozen_attention_matches_pytorch(batch_first, need_weights, inputs):
+    """Self-attention (one tensor), key = value, and three distinct inputs; with and
+    without weights (averaged and per head); masks of every kind."""
+    m = mha(batch_first)
+    f = qpack.freeze(m)
+    assert isinstance(f, FrozenMultiheadAttention)
+    g = torch.Generator().manual_seed(2)
+    shape_q = (N, L, E) if batch_first else (L, N, E)
+    shape_k = (N, S, E) if batch_first else (S, N, E)
+    q = torch.randn(*shape_q, generator=g)
+    k = q if inputs == "self" else torch.randn(*shape_k, generator=g)
+    v = k if inputs in ("self", "kv") else torch.randn(*shape_k, generator=g)
+    for kw in (masks(batch_first) if inputs != "self" else [dict()]):
+        for avg in (True, False):
+            ref_out, ref_w = call(m, q, k, v, need_weights=need_weights, average_attn_weights=avg, **kw)
+            out, w = call(f, q, k, v, need_weights=need_weights, average_attn_weights=avg, **kw)
+            assert close(out, ref_out), (kw.keys(), avg)
+            if need_weights:
+                assert close(w, ref_w), (kw.keys(), avg)
+            else:
+                assert w is None and ref_w is None
+
+
+def test_frozen_attention_unbatched_causal_and_no_bias():
+    m = mha(bias=False)
+    f = qpack.freeze(m)
+    x = torch.randn(L, E)  # unbatched
+    for need in (True, False):
+        ref, rw = call(m, x, x, x, need_weights=need)
+        out, w = call(f, x, x, x, need_weights=need)
+        assert close(out, ref) and (not need or close(w, rw))
+    causal = nn.Transformer.generate_square_subsequent_mask(L)
+    xb = torch.randn(N, L, E)
+    ref, _ = call(m, xb, xb, xb, attn_mask=causal, is_causal=True, need_weights=False)
+    out, _ = call(f, xb, xb, xb, attn_mask=causal, is_causal=True, need_weights=False)
+    assert close(out, ref)
+    out2, _ = call(f, xb, xb, xb, is_causal=True, need_weights=False)  # causal without the mask given
+    assert close(out2, ref)
+
+
+class Block(nn.Module):
+    """A ViT encoder block (torchvision's EncoderBlock, small)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(E)
+        self.attn = nn.MultiheadAttention(E, H, batch_first=True)
+        self.ln2 = nn.LayerNorm(E)
+        self.mlp = nn.Sequential(nn.Linear(E, 4 * E), nn.GELU(), nn.Linear(4 * E, E))
+
+    def forward(self, x):
+        y = self.ln1(x)
+        y, _ = self.attn(y, y, y, need_weights=False)
+        x = x + y
+        return x + self.mlp(self.ln2(x))
+
+
+def test_block_fp32_and_int8_graphs():
+    """In a traced model the attention runs between core graphs; an int8 freeze packs its
+    projections int8 (dynamic) beside the calibrated graphs."""
+    torch.manual_seed(3)
+    m = nn.Sequential(Block(), Block()).eval()
+    x = torch.randn(2, 10, E)
+    f = qpack.freeze(m)
+    assert all(isinstance(b.attn, FrozenMultiheadAttention) for b in f)
+    with torch.no_grad():
+        ref = m(x)
+        assert close(f(x), ref, 1e-5)
+    fi = qpack.freeze(m, dtype="int8", example_inputs=[torch.randn(2, 10, E) for _ in range(2)], progress=False)
+    assert all(b.attn.in_proj.mode == "int8_dynamic" and b.attn.out_proj.mode == "int8_dynamic" for b in fi)
+    with torch.no_grad():
+        err = ((fi(x) - ref).norm() / ref.norm()).item()
+    assert err < 0.05, err
+    fd = qpack.freeze(m, dtype="int8")  # no calibration: layer by layer, dynamic
+    with torch.no_grad():
+        assert ((fd(x) - ref).norm() / ref.norm()).item() < 0.05
+
+
+def test_kept_as_pytorch_where_it_does_more():
+    """bias_k / bias_v, add_zero_attn, key / value sizes of their own: the module stays."""
+    for kw in (dict(add_bias_kv=True), dict(add_zero_attn=True), dict(kdim=16, vdim=24)):
+        m = mha(**kw)
+        f = qpack.freeze(nn.Sequential(m).eval())
+        assert type(f[0]) is nn.MultiheadAttention, kw
+
+
+def test_inside_a_transformer_encoder_layer_stays():
+    """nn.TransformerEncoderLayer is one fx leaf whose own code reads self_attn's weights:
+    its attention stays PyTorch's, and the model still runs."""
+    torch.manual_seed(4)
+    m = nn.TransformerEncoderLayer(E, H, dim_feedforward=64, batch_first=True).eval()
+    f = qpack.freeze(nn.Sequential(m).eval())
+    assert type(f[0].self_attn) is nn.MultiheadAttention
+    x = torch.randn(2, 5, E)
+    with torch.no_grad():
+        assert close(f(x), m(x))
+
+
+class ReadsWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(E, H, batch_first=True)
+
+    def forward(self, x):
+        y, _ = self.attn(x, x, x, need_weights=False)
+        return y + self.attn.in_proj_weight.sum()
+
+
+def test_a_forward_that_reads_the_weights_keeps_the_module():
+    torch.manual_seed(5)
+    m = ReadsWeight().eval()
+    f = qpack.freeze(m)
+    assert type(f.attn) is nn.MultiheadAttention
+    x = torch.randn(2, 5, E)
+    with torch.no_grad():
+        assert close(f(x), m(x))
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_lifetimes_saving_and_unfreeze(dtype, tmp_path):
+    """Released originals, state_dict, pickle, torch.save, deepcopy, qpack.save / load,
+    memory_report; unfreeze gives an nn.MultiheadAttention computing the same."""
+    m = nn.Sequential(mha(seed=6)).eval()
+    f = qpack.freeze(m, retain=False, dtype=dtype)
+    x = torch.randn(2, 5, E)
+    with torch.no_grad():
+        want = f[0](x, x, x, need_weights=False)[0]
+    rep = qpack.memory_report(f)
+    assert rep.nbytes_original == 0 and rep.nbytes_packed >= (3 * E * E + E * E) * (4 if dtype is None else 1)
+    copies = [copy.deepcopy(f), pickle.loads(pickle.dumps(f))]
+    buf = io.BytesIO()
+    torch.save(f, buf)
+    buf.seek(0)
+    copies.append(torch.load(buf, weights_only=False))
+    qpack.save(f, tmp_path / "mha.qpk")
+    copies.append(qpack.load(tmp_path / "mha.qpk"))
+    fresh = qpack.freeze(nn.Sequential(mha(seed=7)).eval(), retain=False, dtype=dtype)
+    fresh.load_state_dict(f.state_dict())
+    copies.append(fresh)
+    for c in copies:
+        assert isinstance(c[0], FrozenMultiheadAttention)
+        with torch.no_grad():
+            assert torch.equal(c[0](x, x, x, need_weights=False)[0], want)
+    u = qpack.unfreeze(f)
+    assert type(u[0]) is nn.MultiheadAttention
+    with torch.no_grad():
+        got = u[0](x, x, x, need_weights=False)[0]
+    if dtype is None:
+        assert close(got, want)
+    else:  # the float module on dequantized weights: within int8's activation quantization
+        assert ((got - want).norm() / want.norm()).item() < 0.05
+
+
+def test_bad_inputs_raise_and_leave_it_usable():
+    f = qpack.freeze(mha())
+    x = torch.randn(2, 5, E)
+    with pytest.raises(qpack.InvalidTypeError, match="float32"):
+        f(x.double(), x.double(), x.double())
+    with pytest.raises(qpack.InvalidTypeError, match="embed_dim"):
+        f(torch.randn(2, 5, E + 1), x, x)
+    with pytest.raises(qpack.InvalidTypeError, match="3-d"):
+        f(torch.randn(1, 2, 5, E), x, x)
+    with pytest.raises(qpack.InvalidTypeError, match="bool or float"):
+        f(x, x, x, key_padding_mask=torch.zeros(2, 5, dtype=torch.int64))
+    with torch.no_grad():
+        assert close(f(x, x, x)[0], mha()(x, x, x)[0])
