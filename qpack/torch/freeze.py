@@ -378,10 +378,12 @@ def _analyze(model, rules):
             obj = modules.get(n.target)
             if obj is not None:
                 calls[id(obj)] += 2
-            # a layer's own weight read by the forward (torchvision's Swin passes qkv.weight
-            # to a function): the layer stays as it is
+            # a convolution's own weight read by the forward: the layer stays as it is (a
+            # frozen Linear's .weight is a PackedWeight, which F.linear runs packed:
+            # torchvision's Swin hands qkv.weight to its attention function)
             owner = modules.get(n.target.rpartition(".")[0])
-            if owner is not None and owner is not model and type(owner) in rules and obj is None:
+            if (owner is not None and owner is not model and type(owner) in rules and obj is None
+                    and not isinstance(owner, nn.Linear)):
                 keep.add(id(owner))
     plan, drop = {}, {}
     for n in graph.nodes:
@@ -717,7 +719,7 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
     if any(layer.mode != "f32" for seg in segs for layer in seg.layers):
         return None
     _swap(fp32, _int8_graph_layers(segs, qp, backend, retain, show_progress, bits))
-    _swap(fp32, _int8_attention(fp32, backend, retain, bits))
+    _swap(fp32, _int8_leftovers(fp32, backend, retain, bits))
     try:
         _g.attach(fp32, qp)
     except (_g.Unsupported, qpack_error):
@@ -756,17 +758,14 @@ def _int8_graph_layers(segs, qp, backend, retain, show_progress, bits):
     return replacements
 
 
-def _int8_attention(fp32, backend, retain, bits):
-    """{id: int8} for the frozen multi-head attentions of an int8 graph freeze, which run
-    in PyTorch between its graphs: their projections re-packed int8 dynamic (per-channel
-    weights from the fp32 packed ones), as a layer-by-layer int8 freeze makes them."""
+def _int8_leftovers(fp32, backend, retain, bits):
+    """{id: int8} for the frozen linears of an int8 graph freeze that no graph holds (they
+    run in PyTorch between graphs: nn.MultiheadAttention's projections, Swin's whose weight
+    its attention function takes): re-packed int8 dynamic, per-channel weights from the fp32
+    packed ones, as a layer-by-layer int8 freeze makes them."""
     ctx = FreezeContext(backend=backend, retain=retain, dtype="int8", bits=bits)
-    out = {}
-    for m in fp32.modules():
-        if isinstance(m, FrozenMultiheadAttention) and m.in_proj.mode == "f32":
-            lin = [convert_linear(_Projection(*p.unpack()), ctx) for p in (m.in_proj, m.out_proj)]
-            out[id(m)] = FrozenMultiheadAttention(lin[0], lin[1], m.num_heads, m.batch_first).train(False)
-    return out
+    return {id(m): convert_linear(_Projection(*m.unpack()), ctx, activation=m._spec.get("activation")).train(False)
+            for m in fp32.modules() if isinstance(m, FrozenLinear) and m.mode == "f32"}
 
 
 def _within(activation, lo, hi):

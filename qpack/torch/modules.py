@@ -60,7 +60,7 @@ class _Frozen(nn.Module):
         self._packed = self._pack(weight, bias)
 
     def __getattr__(self, name):
-        if name in ("weight", "bias"):  # code that reads a layer's tensors itself: say what to do
+        if name in ("weight", "bias"):  # code that reads a convolution's tensors itself: say what to do
             raise AttributeError(
                 f"{type(self).__name__} holds its weight packed, with no .{name} tensor: .unpack() gives "
                 f"(weight, bias) as copies. A model whose own code reads a layer's .weight needs that layer "
@@ -201,6 +201,7 @@ class _Frozen(nn.Module):
         return out
 
     def _import(self, state):
+        self.__dict__.pop("_bias_tensor", None)  # FrozenLinear.bias's copy of the old bias
         w = state["weight"]
         b = state.get("bias")
         if "weight_scale" in state:
@@ -259,6 +260,7 @@ class _Frozen(nn.Module):
         state = self.__dict__.copy()
         state.pop("_packed", None)
         state.pop("_layer_graph", None)
+        state.pop("_bias_tensor", None)
         state["_qpack_state"] = self._export()
         state["_qpack_retain"] = bool(self._packed.has_original)
         return state
@@ -279,6 +281,7 @@ class _Frozen(nn.Module):
         # the unpacked weights __getstate__ gives pickle and torch.save.
         state = self.__dict__.copy()
         state.pop("_layer_graph", None)
+        state.pop("_bias_tensor", None)
         return (_restore_frozen, (self.__class__, state))
 
     def __deepcopy__(self, memo):
@@ -333,11 +336,84 @@ class _Frozen(nn.Module):
         return mod
 
 
+_LINEAR_FUNCS = (torch.nn.functional.linear, torch._C._nn.linear)
+_METADATA = tuple(f for f in (torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.device.__get__,
+                              torch.Tensor.ndim.__get__, torch.Tensor.layout.__get__,
+                              torch.Tensor.requires_grad.__get__, torch.Tensor.is_quantized.__get__,
+                              torch.Tensor.size, torch.Tensor.dim, torch.Tensor.numel,
+                              torch.Tensor.is_floating_point, torch.Tensor.__len__))
+
+
+class PackedWeight(torch.Tensor):
+    """A frozen Linear's ``.weight`` for code that reads it itself (torchvision's Swin hands
+    ``qkv.weight`` to its attention function): the weight's shape and dtype, no values
+    held. ``F.linear(x, w, b)`` runs the packed layer (b: its own bias, or another one:
+    the difference is added); any other op gets the unpacked weight (for int8: dequantized)
+    made for that call and dropped after it; in-place ops raise (a frozen layer is a
+    snapshot)."""
+
+    @staticmethod
+    def of(layer):
+        w = torch.zeros((), dtype=torch.float32).expand(*layer._spec["weight_shape"]).as_subclass(PackedWeight)
+        w._layer = layer
+        return w
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _METADATA:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        if (func in _LINEAR_FUNCS and len(args) >= 2 and isinstance(args[1], PackedWeight)
+                and not isinstance(args[0], PackedWeight)):
+            layer = args[1]._layer
+            if layer._spec.get("activation") is None:  # (with one fused, the layer's call would apply it)
+                return layer._linear(args[0], args[2] if len(args) > 2 else kwargs.get("bias"))
+        name = getattr(func, "__name__", "")
+        if name.endswith("_") and not name.startswith("__"):
+            raise UnsupportedError(f"{name} would change a frozen layer's weight in place; a frozen layer is a "
+                                   f"snapshot (qpack.unfreeze gives an editable model)")
+
+        def plain(a):
+            if isinstance(a, PackedWeight):
+                return a._layer.dequantized_weight()
+            if isinstance(a, (list, tuple)):
+                return type(a)(plain(x) for x in a)
+            return a
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*plain(args), **{k: plain(v) for k, v in kwargs.items()})
+
+
 class FrozenLinear(_Frozen):
-    """nn.Linear on a qpack.PackedLinear (fp32 on oneDNN, int8 on either backend)."""
+    """nn.Linear on a qpack.PackedLinear (fp32 on oneDNN, int8 on either backend).
+    ``.weight`` is a PackedWeight (F.linear on it runs the packed layer) and ``.bias``
+    the bias, for code that reads a layer's tensors itself."""
 
     _op = "linear"
     _packed_cls_name = "PackedLinear"
+
+    @property
+    def weight(self):
+        return PackedWeight.of(self)
+
+    @property
+    def bias(self):
+        # unpacked once (the packed form gives weight and bias together), kept beside the
+        # packed layer: out_features floats
+        cached = self.__dict__.get("_bias_tensor", False)
+        if cached is False:
+            cached = self.__dict__["_bias_tensor"] = self.unpack()[1] if self._spec["has_bias"] else None
+        return cached
+
+    def _linear(self, x, bias):
+        """F.linear(x, self.weight, bias) on the packed layer."""
+        y = self(x)
+        own = self.bias
+        if bias is own or (bias is not None and own is not None and torch.equal(bias, own)):
+            return y
+        if bias is not None:
+            y = y + bias
+        return y - own if own is not None else y
 
     def _pack(self, weight, bias):
         s = self._spec
@@ -612,4 +688,5 @@ class FrozenMultiheadAttention(nn.Module):
         return mha.train(False)
 
 
-__all__ = ["FrozenConv1d", "FrozenConv2d", "FrozenLinear", "FrozenMultiheadAttention", "FROZEN_TYPES"]
+__all__ = ["FrozenConv1d", "FrozenConv2d", "FrozenLinear", "FrozenMultiheadAttention", "PackedWeight",
+           "FROZEN_TYPES"]

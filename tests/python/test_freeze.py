@@ -730,10 +730,26 @@ class ReadsItsWeight(nn.Module):
 
 
 @pytest.mark.parametrize("retain", [True, False])
-def test_a_layer_whose_weight_the_forward_reads_stays_as_it_is(retain):
+def test_a_linear_whose_weight_the_forward_reads_is_frozen(retain):
+    """F.linear on a frozen Linear's .weight (a PackedWeight) runs the packed layer, with
+    its own bias or another; other ops get the unpacked weight; in-place ones raise."""
+    from qpack.torch.modules import PackedWeight
     model = ReadsItsWeight().eval()
     f = qpack.freeze(model, retain=retain)
-    assert type(f.qkv) is nn.Linear and isinstance(f.proj, FrozenLinear)
-    assert f.qkv.weight.data_ptr() != model.qkv.weight.data_ptr()  # still a snapshot
+    assert isinstance(f.qkv, FrozenLinear) and isinstance(f.proj, FrozenLinear)
+    assert isinstance(f.qkv.weight, PackedWeight) and f.qkv.weight.shape == (8, 8)
     x = torch.randn(3, 8)
-    close(f(x), model(x))
+    with torch.no_grad():
+        close(f(x), model(x))
+        other = torch.randn(8)
+        close(F.linear(x, f.qkv.weight, other), F.linear(x, model.qkv.weight, other))
+        close(F.linear(x, f.qkv.weight), F.linear(x, model.qkv.weight))
+        close(x @ f.qkv.weight.t(), x @ model.qkv.weight.t())  # unpacked for the call
+    with pytest.raises(qpack.UnsupportedError, match="in place"):
+        f.qkv.weight.mul_(2)
+    with torch.no_grad():
+        close(f(x), model(x))
+    fi = qpack.freeze(model, dtype="int8", example_inputs=[torch.randn(3, 8) for _ in range(2)], progress=False)
+    assert fi.qkv.mode == "int8_dynamic"  # no graph holds it: int8 dynamic
+    with torch.no_grad():
+        assert ((fi(x) - model(x)).norm() / model(x).norm()).item() < 0.1

@@ -129,9 +129,10 @@ def test_a_channel_slice_read_by_the_next_segment_keeps_its_input_qparams():
         assert rel_err(f(x), model(x)) < 0.1
 
 
-def test_reading_a_frozen_layers_weight_says_what_to_do():
-    """Code that reads .weight of a frozen layer gets an AttributeError that says why
-    and how to keep such a layer unfrozen (a Rule converting to None), which works."""
+def test_reading_a_frozen_layers_weight_works_or_says_what_to_do():
+    """Code that reads .weight of a frozen Linear gets a PackedWeight (its .t() unpacks for
+    the call); of a frozen convolution, an AttributeError that says why and how to keep such
+    a layer unfrozen (a Rule converting to None), which works."""
     from qpack.torch import Rule
 
     class ReadsWeight(nn.Module):
@@ -145,10 +146,13 @@ def test_reading_a_frozen_layers_weight_says_what_to_do():
     torch.manual_seed(4)
     model = ReadsWeight().eval()
     x = torch.randn(2, 6)
-    lin = qpack.freeze(nn.Linear(6, 6).eval(), progress=False)
+    f = qpack.freeze(model, progress=False)
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-5
+    conv = qpack.freeze(nn.Conv2d(3, 4, 3).eval(), progress=False)
     with pytest.raises(AttributeError, match="holds its weight packed.*unpack"):
-        lin.weight
-    assert not hasattr(lin, "bias") and lin.unpack()[0].shape == (6, 6)
+        conv.weight
+    assert not hasattr(conv, "bias") and conv.unpack()[0].shape == (4, 3, 3, 3)
     f = qpack.freeze(model, progress=False, mapping={nn.Linear: Rule(lambda m, ctx, **kw: None)})
     with torch.no_grad():
         assert torch.equal(f(x), model(x))
