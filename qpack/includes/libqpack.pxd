@@ -45,6 +45,10 @@ cdef extern from "qpack/qpack.h" nogil:
                                              int32_t* zero_point_out)
     qpack_status qpack_choose_qparams_u8(float min, float max, float* scale_out,
                                          int32_t* zero_point_out)
+    qpack_status qpack_attention_f32(const float* q, const int64_t* q_strides, const float* k,
+                                     const int64_t* k_strides, const float* v, const int64_t* v_strides,
+                                     float* out, const int64_t* out_strides, int64_t batch, int64_t heads,
+                                     int64_t L, int64_t S, int64_t D, float scale, int causal)
 
     ctypedef struct qpack_backend_info:
         qpack_backend backend

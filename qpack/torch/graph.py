@@ -23,6 +23,7 @@ from torch import nn
 
 from qpack import _core
 from qpack.torch import quantize as _q
+from qpack.torch import attention as _attention
 from qpack.torch.modules import FrozenConv1d, FrozenConv2d, FrozenLinear, FrozenMultiheadAttention
 
 
@@ -1315,6 +1316,9 @@ def _unit_dims(node, modules):
 _SHAPE_ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.mod}
 
 
+_SDPA = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
+
+
 def canonicalize(gm):
     """Rewrites shape spellings in a trace to ops the core runs, in place, and
     records each value's rank where its ops tell it (node.meta["qpack_rank"]):
@@ -1324,7 +1328,9 @@ def canonicalize(gm):
       view back) and x.chunk(n, 1)[i] -> channel_part();
     - F.interpolate(x, size=y.shape[-2:]) (torchvision's FPN) -> resize_like();
     - negative dims of torch.cat and mean made positive where the rank is known;
-    - a view or reshape of a constant by constant sizes -> a constant.
+    - a view or reshape of a constant by constant sizes -> a constant;
+    - F.scaled_dot_product_attention -> qpack.torch.attention's (the core's
+      kernel where it applies, PyTorch's call otherwise).
     Every rewrite computes what the spelling did, in PyTorch too."""
     g = gm.graph
     modules = dict(gm.named_modules())
@@ -1342,6 +1348,9 @@ def canonicalize(gm):
 
     for node in list(g.nodes):
         if node in erased:
+            continue
+        if node.op == "call_function" and node.target in _SDPA:
+            node.target = _attention.scaled_dot_product_attention
             continue
         if node.op == "call_method" and (t := _constant_view(gm, node)) is not None and node.args[0].op == "get_attr":
             # a constant's view by constant sizes (timm's metaformer Scale) is a constant too

@@ -17,6 +17,7 @@ from torch import nn
 
 import qpack
 from qpack._core import InvalidTypeError, UnsupportedError
+from qpack.torch import attention as _attention
 from qpack.torch import quantize as _q
 
 _STATIC_KEYS = ("input_scale", "input_zero_point", "output_scale", "output_zero_point")
@@ -572,7 +573,8 @@ class FrozenMultiheadAttention(nn.Module):
     """nn.MultiheadAttention (eval) on packed projections: ``in_proj`` (E -> 3E, the
     query, key and value projections in one) and ``out_proj`` (E -> E) are frozen
     linears (fp32, or int8 as freeze's dtype asks); the attention between them is
-    PyTorch's ``scaled_dot_product_attention``, or softmax(Q K^T / sqrt(d) + mask) V
+    qpack.torch.attention's ``scaled_dot_product_attention`` (the core's kernel without
+    a mask, PyTorch's with one), or softmax(Q K^T / sqrt(d) + mask) V
     when the weights are asked for (``need_weights``, nn.MultiheadAttention's
     default). The same arguments and results as nn.MultiheadAttention.forward:
     batched or unbatched inputs, ``batch_first``, boolean or float ``attn_mask``
@@ -663,7 +665,7 @@ class FrozenMultiheadAttention(nn.Module):
             if unbatched:
                 weights = weights.squeeze(0)
         else:
-            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal)
+            out = _attention.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal)
         out = self.out_proj(out.transpose(1, 2).reshape(B, L, E))
         if unbatched:
             out = out.squeeze(0)

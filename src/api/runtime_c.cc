@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "api/guard.h"
+#include "core/attention.h"
 #include "core/error.h"
 #include "core/policy.h"
 #include "core/quant.h"
@@ -47,6 +48,24 @@ int qpack_get_num_threads(void) { return qpack::num_threads(); }
 int qpack_in_forked_child(void) { return qpack::in_forked_child() ? 1 : 0; }
 
 int qpack_build_mobile(void) { return QPACK_MOBILE ? 1 : 0; }
+
+qpack_status qpack_attention_f32(const float* q, const int64_t q_strides[3], const float* k,
+                                 const int64_t k_strides[3], const float* v, const int64_t v_strides[3],
+                                 float* out, const int64_t out_strides[3], int64_t batch, int64_t heads,
+                                 int64_t L, int64_t S, int64_t D, float scale, int causal) {
+  return guarded([&] {
+    qpack::check(q_strides != nullptr && k_strides != nullptr && v_strides != nullptr && out_strides != nullptr,
+                 QPACK_STATUS_INVALID_ARGUMENT, "attention: the stride arrays must not be NULL");
+    qpack::AttentionF32 a{q, k, v, out, {}, {}, {}, {}, batch, heads, L, S, D, scale, causal != 0};
+    for (int i = 0; i < 3; ++i) {
+      a.q_stride[i] = q_strides[i];
+      a.k_stride[i] = k_strides[i];
+      a.v_stride[i] = v_strides[i];
+      a.out_stride[i] = out_strides[i];
+    }
+    qpack::attention_f32(a);
+  });
+}
 
 qpack_status qpack_choose_qparams_u8(float min, float max, float* scale_out,
                                      int32_t* zero_point_out) {

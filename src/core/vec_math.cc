@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -279,6 +280,28 @@ QPACK_AVX512 void quantize512(const float* x, int64_t n, float inv_scale, float 
     // round the scaled value, then add the zero point (as the scalar loop: exact)
     const __mmask16 m = mask16(n - i);
     store_round_u8(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv), zp, m, y + i);
+  }
+}
+
+// x[i] = exp(x[i] - max) / sum over one row of n floats (a softmax), 16 a step,
+// the last under a mask; -inf stays 0 (a masked-out key), a row all -inf
+// becomes NaN as PyTorch's softmax makes it.
+QPACK_AVX512 void softmax_row512(float* x, int64_t n) {
+  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < n; i += 16) mx = _mm512_max_ps(mx, _mm512_maskz_loadu_ps(mask16(n - i), x + i));
+  const float top = _mm512_reduce_max_ps(mx);
+  const __m512 m = _mm512_set1_ps(top);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = mask16(n - i);
+    const __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m)));
+    sum = _mm512_add_ps(sum, e);
+    _mm512_mask_storeu_ps(x + i, k, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = mask16(n - i);
+    _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), inv));
   }
 }
 
@@ -604,6 +627,14 @@ bool max_window_vector(const float* x, int64_t row, int64_t C, int64_t kh, int64
 
 bool quantize_interleave_u8_vectorized(int64_t C) { return has_vbmi() && C >= 1 && C <= 4; }
 
+bool vec_math_avx512() { return isa_level() == 2; }
+
+bool softmax_row_f32_vector(float* x, int64_t n) {
+  if (isa_level() != 2) return false;
+  softmax_row512(x, n);
+  return true;
+}
+
 bool quantize_interleave_u8_vector(const float* x, int64_t C, int64_t HW, int64_t p0, int64_t p1, float inv_scale,
                                    float zero_point, uint8_t* y) {
   if (!quantize_interleave_u8_vectorized(C)) return false;
@@ -672,6 +703,8 @@ int64_t affine2_u8_vector(const uint8_t*, const uint8_t*, int64_t, float, float,
 }
 int64_t lut_u8_vector(const uint8_t*, const uint8_t*, int64_t, uint8_t*) { return 0; }
 bool quantize_interleave_u8_vectorized(int64_t) { return false; }
+bool softmax_row_f32_vector(float*, int64_t) { return false; }
+bool vec_math_avx512() { return false; }
 bool quantize_interleave_u8_vector(const float*, int64_t, int64_t, int64_t, int64_t, float, float, uint8_t*) {
   return false;
 }

@@ -36,6 +36,14 @@ bool activate_f32_vectorized(qpack_activation act);
 // whole vectors of 8 with AVX2, 0 without either); the caller does the rest.
 int64_t quantize_u8_vector(const float* x, int64_t n, float inv_scale, float zero_point, uint8_t* y);
 
+// Whether this file's AVX-512 code runs here (the CPU has AVX-512F and
+// QPACK_VEC_MATH is not 0): other files' AVX-512 loops follow it.
+bool vec_math_avx512();
+
+// x = softmax(x) over one row of n floats in place (exp(x - max) / sum; -inf
+// gives 0): true when done (AVX-512F), false, and nothing written, without.
+bool softmax_row_f32_vector(float* x, int64_t n);
+
 // Pixels [p0, p1) of one NCHW image of C float planes of HW values quantized
 // as quantize_u8_vector into NHWC bytes (y: the image's, pixel p at y + p C):
 // true when done (C <= 4, AVX-512 VBMI), false, and nothing written, without.

@@ -363,6 +363,57 @@ static void test_graph_prelu_resize(void) {
          "resize: refuses size 0");
 }
 
+/* qpack_attention_f32 against plain loops in double, causal or not, one head's
+ * rows strided (two heads interleaved row by row), and its argument errors. */
+static void test_attention(void) {
+  enum { B = 2, H = 2, L = 5, S = 7, D = 20 };
+  static float q[B][L][H][D], k[B][S][H][D], v[B][S][H][D], out[B][H][L][D];
+  unsigned seed = 7;
+  float* all[3] = {&q[0][0][0][0], &k[0][0][0][0], &v[0][0][0][0]};
+  int sizes[3] = {B * L * H * D, B * S * H * D, B * S * H * D};
+  for (int t = 0; t < 3; ++t) {
+    for (int i = 0; i < sizes[t]; ++i) {
+      seed = seed * 1103515245u + 12345u;
+      all[t][i] = (float)((seed >> 9) % 2001) / 1000.0f - 1.0f;
+    }
+  }
+  const int64_t qs[3] = {L * H * D, D, H * D}, ks[3] = {S * H * D, D, H * D}, os[3] = {H * L * D, L * D, D};
+  for (int causal = 0; causal <= 1; ++causal) {
+    EXPECT(qpack_attention_f32(&q[0][0][0][0], qs, &k[0][0][0][0], ks, &v[0][0][0][0], ks, &out[0][0][0][0], os,
+                               B, H, L, S, D, 0.25f, causal) == QPACK_STATUS_SUCCESS, "attention runs");
+    double worst = 0;
+    for (int b = 0; b < B; ++b) {
+      for (int h = 0; h < H; ++h) {
+        for (int i = 0; i < L; ++i) {
+          double p[S], mx = -1e300, sum = 0;
+          const int n = causal ? (i + 1 < S ? i + 1 : S) : S;
+          for (int j = 0; j < n; ++j) {
+            double sc = 0;
+            for (int d = 0; d < D; ++d) sc += (double)q[b][i][h][d] * k[b][j][h][d];
+            p[j] = 0.25 * sc;
+            if (p[j] > mx) mx = p[j];
+          }
+          for (int j = 0; j < n; ++j) sum += (p[j] = exp(p[j] - mx));
+          for (int d = 0; d < D; ++d) {
+            double o = 0;
+            for (int j = 0; j < n; ++j) o += p[j] / sum * v[b][j][h][d];
+            const double e = fabs(o - out[b][h][i][d]);
+            if (e > worst) worst = e;
+          }
+        }
+      }
+    }
+    EXPECT(worst < 1e-5, "attention (causal %d) within 1e-5 of double, worst %g", causal, worst);
+  }
+  EXPECT(qpack_attention_f32(&q[0][0][0][0], NULL, &k[0][0][0][0], ks, &v[0][0][0][0], ks, &out[0][0][0][0], os, B,
+                             H, L, S, D, 1.0f, 0) == QPACK_STATUS_INVALID_ARGUMENT, "NULL strides");
+  EXPECT(qpack_attention_f32(&q[0][0][0][0], qs, &k[0][0][0][0], ks, &v[0][0][0][0], ks, &out[0][0][0][0], os, B,
+                             H, L, 0, D, 1.0f, 0) == QPACK_STATUS_INVALID_ARGUMENT, "no keys");
+  EXPECT(strstr(qpack_last_error(), "no keys") != NULL, "message says no keys");
+  EXPECT(qpack_attention_f32(&q[0][0][0][0], qs, &k[0][0][0][0], ks, &v[0][0][0][0], ks, &out[0][0][0][0], os, B,
+                             H, L, S, 0, 1.0f, 0) == QPACK_STATUS_INVALID_ARGUMENT, "D = 0");
+}
+
 int main(void) {
   char buf[256];
   for (int i = 0; i < qpack_backend_count(); ++i) {
@@ -383,6 +434,7 @@ int main(void) {
   test_threads();
   test_graph();
   test_graph_prelu_resize();
+  test_attention();
   printf("c_api: %d passed, %d failed\n", passes, failures);
   return failures == 0 ? 0 : 1;
 }

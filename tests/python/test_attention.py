@@ -220,3 +220,129 @@ def test_bad_inputs_raise_and_leave_it_usable():
         f(x, x, x, key_padding_mask=torch.zeros(2, 5, dtype=torch.int64))
     with torch.no_grad():
         assert close(f(x, x, x)[0], mha()(x, x, x)[0])
+
+
+# ---- the core's attention kernel (qpack_attention_f32) ------------------------------------------
+
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import torch.nn.functional as F  # noqa: E402
+
+from qpack.torch.attention import scaled_dot_product_attention as qpack_sdpa  # noqa: E402
+
+_SHAPES = [((1, 12, 197, 64), 197), ((2, 3, 7, 16), 9), ((1, 2, 5, 20), 33), ((1, 1, 1, 8), 1),
+           ((2, 4, 50, 80), 50), ((1, 2, 70, 130), 65), ((3, 1, 9, 3), 100)]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_core_attention_matches_pytorch(threads, causal):
+    """Head dims on and off 16 and past 64, keys from 1 to 197, fewer and more keys than
+    queries, causal or not, one or two threads: within float rounding of PyTorch."""
+    qpack.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(8)
+        for (b, h, l, d), s in _SHAPES:
+            q, k, v = (torch.randn(b, h, n, d, generator=g) for n in (l, s, s))
+            got = qpack_sdpa(q, k, v, is_causal=causal)
+            assert close(got, F.scaled_dot_product_attention(q, k, v, is_causal=causal), 2e-6), (b, h, l, d, s)
+            scaled = qpack_sdpa(q, k, v, scale=0.3)
+            assert close(scaled, F.scaled_dot_product_attention(q, k, v, scale=0.3), 2e-6)
+    finally:
+        qpack.set_num_threads(1)
+
+
+def test_core_attention_takes_strided_heads():
+    """q, k, v as [B, L, H, D] viewed [B, H, L, D] (what a transpose of heads gives): strides,
+    no copy; the output is a new contiguous tensor."""
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 11, 3, 4, 32, generator=g)  # [B, L, 3, H, D]: timm's qkv layout
+    q, k, v = x.permute(2, 0, 3, 1, 4).unbind(0)
+    assert not q.is_contiguous()
+    got = qpack_sdpa(q, k, v)
+    assert got.is_contiguous() and close(got, F.scaled_dot_product_attention(q, k, v), 2e-6)
+
+
+def test_core_attention_leaves_other_calls_to_pytorch():
+    """A mask, dropout, float64, autograd, grouped heads: PyTorch's own call, same result."""
+    g = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(1, 2, 6, 8, generator=g) for _ in range(3))
+    mask = torch.rand(6, 6, generator=g) > 0.3
+    mask[:, 0] = True
+    assert torch.equal(qpack_sdpa(q, k, v, attn_mask=mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    assert torch.equal(qpack_sdpa(q.double(), k.double(), v.double()),
+                       F.scaled_dot_product_attention(q.double(), k.double(), v.double()))
+    qg = q.clone().requires_grad_()
+    out = qpack_sdpa(qg, k, v)
+    out.sum().backward()  # PyTorch's call: it has a gradient
+    assert qg.grad is not None
+    kv = torch.randn(1, 1, 6, 8, generator=g)
+    assert torch.equal(qpack_sdpa(q, kv, kv, enable_gqa=True), F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True))
+
+
+def test_core_attention_errors():
+    from qpack import _core
+    import numpy as np
+    q = np.zeros((1, 2, 3, 8), np.float32)
+    with pytest.raises(qpack.InvalidTypeError, match="4-d float32"):
+        _core.attention_f32(q.astype(np.float64), q, q, q.copy(), 1.0)
+    with pytest.raises(qpack.InvalidArgumentError, match="do not match"):
+        _core.attention_f32(q, np.zeros((1, 2, 3, 4), np.float32), q, q.copy(), 1.0)
+    with pytest.raises(qpack.InvalidArgumentError, match="no keys"):
+        _core.attention_f32(q, np.zeros((1, 2, 0, 8), np.float32), np.zeros((1, 2, 0, 8), np.float32),
+                            q.copy(), 1.0)
+    with pytest.raises(qpack.InvalidArgumentError, match="finite"):
+        _core.attention_f32(q, q, q, q.copy(), float("nan"))
+    out = q.copy()
+    _core.attention_f32(q, q, q, out, 1.0)  # still works: zeros in, zeros out
+    assert not out.any()
+
+
+_SCALAR = """
+import torch, torch.nn.functional as F
+from qpack.torch.attention import scaled_dot_product_attention as sdpa
+g = torch.Generator().manual_seed(11)
+for causal in (False, True):
+    q, k, v = (torch.randn(2, 3, n, 20, generator=g) for n in (7, 13, 13))
+    a, b = sdpa(q, k, v, is_causal=causal), F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert (a - b).abs().max().item() < 1e-5, (a - b).abs().max().item()
+print("ok")
+"""
+
+
+def test_core_attention_scalar_loops():
+    """QPACK_VEC_MATH=0: the plain loops (what runs without AVX-512), within rounding."""
+    r = subprocess.run([sys.executable, "-c", _SCALAR], env=dict(os.environ, QPACK_VEC_MATH="0"),
+                       capture_output=True, text=True, cwd="/tmp")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+class TimmAttention(nn.Module):
+    """timm's ViT attention: one qkv Linear, F.scaled_dot_product_attention, a projection."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(E, 3 * E), nn.Linear(E, E)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, H, c // H).permute(2, 0, 3, 1, 4).unbind(0)
+        y = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(y.transpose(1, 2).reshape(b, n, c))
+
+
+def test_traced_sdpa_calls_run_on_the_core():
+    """A traced forward's F.scaled_dot_product_attention becomes qpack's (between graphs)."""
+    from qpack.torch.graph import runner_of
+    torch.manual_seed(12)
+    m = nn.Sequential(nn.LayerNorm(E), TimmAttention(), nn.LayerNorm(E)).eval()
+    f = qpack.freeze(m)
+    runner = runner_of(f)
+    assert runner is not None
+    targets = [n.target for n in runner._gm.graph.nodes if n.op == "call_function"]
+    assert qpack_sdpa in targets and F.scaled_dot_product_attention not in targets
+    x = torch.randn(2, 9, E)
+    with torch.no_grad():
+        assert close(f(x), m(x), 1e-5)

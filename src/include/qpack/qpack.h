@@ -133,6 +133,22 @@ QPACK_API qpack_status qpack_choose_qparams_u8(float min, float max, float* scal
 QPACK_API qpack_status qpack_choose_qparams_u8_max(float min, float max, int32_t qmax,
                                                    float* scale_out, int32_t* zero_point_out);
 
+/* ---- attention ------------------------------------------------------------ */
+
+/* Scaled dot-product attention in fp32, for each batch b and head h:
+ * out[b][h] = softmax(scale * q[b][h] k[b][h]^T) v[b][h], q and out of L rows,
+ * k and v of S rows, every row D floats (contiguous); *_strides[0..2] are
+ * the element strides of the batch, the head and the row. causal: row i
+ * sees keys j <= i (PyTorch's is_causal). Runs on qpack_get_num_threads()
+ * threads, with AVX-512 where the CPU has it; values within float rounding of
+ * PyTorch's scaled_dot_product_attention. INVALID_ARGUMENT on negative sizes,
+ * D < 1, S = 0 with L > 0, a non-finite scale or NULL pointers. */
+QPACK_API qpack_status qpack_attention_f32(const float* q, const int64_t q_strides[3], const float* k,
+                                           const int64_t k_strides[3], const float* v,
+                                           const int64_t v_strides[3], float* out,
+                                           const int64_t out_strides[3], int64_t batch, int64_t heads,
+                                           int64_t L, int64_t S, int64_t D, float scale, int causal);
+
 /* ---- backends ------------------------------------------------------------ */
 
 /* What a backend is and can do. Mode sets hold bit (1u << qpack_mode) for

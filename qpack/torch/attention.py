@@ -1,0 +1,46 @@
+"""Scaled dot-product attention on qpack's core (qpack_attention_f32) where it
+applies, PyTorch's ``F.scaled_dot_product_attention`` elsewhere.
+
+``scaled_dot_product_attention`` takes PyTorch's arguments. The core runs
+float32 CPU tensors of shape [B, H, L, D] / [B, H, S, D] (any strides above
+contiguous rows) without an ``attn_mask``, dropout, grouped heads or autograd;
+other calls go to PyTorch unchanged. Frozen models call it for
+nn.MultiheadAttention (FrozenMultiheadAttention) and for the
+``scaled_dot_product_attention`` calls a traced forward makes between its
+graphs (timm's ViT/DeiT attention). One Zen 5 thread, ViT-B/16's shapes (12
+heads of 197 x 64): 746 us a call against PyTorch's 1497 (its flash kernel for
+CPU); 0.48-0.57x PyTorch's time from 64 to 197 tokens
+(``bench/bench_attention.py``).
+"""
+import torch
+import torch.nn.functional as F
+
+from qpack import _core
+
+
+def _core_can_run(q, k, v, attn_mask, dropout_p, enable_gqa):
+    if attn_mask is not None or dropout_p != 0.0 or enable_gqa:
+        return False
+    for t in (q, k, v):
+        if (not torch.is_tensor(t) or t.dtype != torch.float32 or t.device.type != "cpu" or t.dim() != 4
+                or t.requires_grad and torch.is_grad_enabled() or (t.shape[-1] > 1 and t.stride(-1) != 1)):
+            return False
+    B, H, L, D = q.shape
+    return (k.shape[0] == B and k.shape[1] == H and k.shape[3] == D and v.shape == k.shape
+            and k.shape[2] > 0 and D > 0)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """PyTorch's F.scaled_dot_product_attention, on qpack's core where it applies."""
+    if not _core_can_run(query, key, value, attn_mask, dropout_p, enable_gqa):
+        kw = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+        if enable_gqa:
+            kw["enable_gqa"] = True
+        return F.scaled_dot_product_attention(query, key, value, **kw)
+    B, H, L, D = query.shape
+    out = torch.empty((B, H, L, D), dtype=torch.float32)
+    s = (1.0 / D ** 0.5) if scale is None else float(scale)
+    _core.attention_f32(query.detach().numpy(), key.detach().numpy(), value.detach().numpy(), out.numpy(), s,
+                        bool(is_causal))
+    return out

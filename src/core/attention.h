@@ -1,0 +1,29 @@
+// Scaled dot-product attention in fp32 (qpack_attention_f32): for each batch
+// and head, out = softmax(scale Q K^T [+ causal mask]) V, one query row at a
+// time over all keys (the scores of a row, S floats, in a per-thread buffer).
+// With AVX-512 the products run on 16-lane FMAs over K transposed per head
+// (4 query rows x 4 vectors of keys a tile) and over V's rows (4 query rows x
+// up to 4 vectors of the head dim); elsewhere plain loops. The softmax is
+// vec_math's (exp within 2 ulp), so values agree with PyTorch's
+// scaled_dot_product_attention to float rounding, not bit for bit.
+#pragma once
+
+#include <cstdint>
+
+namespace qpack {
+
+struct AttentionF32 {
+  const float* q;  // [B][H][L][D], strides below in elements; the last dim contiguous
+  const float* k;  // [B][H][S][D]
+  const float* v;  // [B][H][S][D]
+  float* out;      // [B][H][L][D]
+  int64_t q_stride[3], k_stride[3], v_stride[3], out_stride[3];  // of B, H, the row
+  int64_t B, H, L, S, D;
+  float scale;
+  bool causal;  // query i sees keys j <= i (PyTorch's is_causal, top-left)
+};
+
+// Checks the arguments (qpack::Error on bad ones) and runs on num_threads().
+void attention_f32(const AttentionF32& a);
+
+}  // namespace qpack
