@@ -157,11 +157,16 @@ QPACK_AVX512 inline __mmask16 mask16(int64_t left) {
 }
 
 // graph.cc's round_u8 (and quant.cc's quantize): round half to even, + zy,
-// clamped to [0, 255], stored as bytes in the lanes of k
-QPACK_AVX512 inline void store_round_u8(__m512 v, __m512 zy, __mmask16 k, uint8_t* y) {
+// clamped to [0, 255], as 32-bit lanes
+QPACK_AVX512 inline __m512i round_u8(__m512 v, __m512 zy) {
   v = _mm512_add_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zy);
   v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), _mm512_set1_ps(255.0f));
-  _mm512_mask_cvtepi32_storeu_epi8(y, k, _mm512_cvttps_epi32(v));
+  return _mm512_cvttps_epi32(v);
+}
+
+// round_u8, stored as bytes in the lanes of k
+QPACK_AVX512 inline void store_round_u8(__m512 v, __m512 zy, __mmask16 k, uint8_t* y) {
+  _mm512_mask_cvtepi32_storeu_epi8(y, k, round_u8(v, zy));
 }
 
 // sigmoid(x) = 1 / (1 + exp(-x)); SiLU = x sigmoid(x); GELU
@@ -307,11 +312,8 @@ QPACK_AVX512 void softmax_row512(float* x, int64_t n) {
 
 // 16 floats of x (the lanes of m; zeros elsewhere) quantized as quantize512:
 // their bytes.
-QPACK_AVX512BW inline __m128i round_u8_16(const float* x, __mmask16 m, __m512 inv, __m512 zp) {
-  __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x), inv);
-  v = _mm512_add_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zp);
-  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), _mm512_set1_ps(255.0f));
-  return _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(v));
+QPACK_AVX512 inline __m128i round_u8_16(const float* x, __mmask16 m, __m512 inv, __m512 zp) {
+  return _mm512_cvtepi32_epi8(round_u8(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x), inv), zp));
 }
 
 // Pixels [p0, p1) of an NCHW image of C <= 4 float planes (HW values each)

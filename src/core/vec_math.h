@@ -66,8 +66,7 @@ int64_t lut_u8_vector(const uint8_t* lut, const uint8_t* x, int64_t n, uint8_t* 
 // o[c] = the max over a window of kh x kw NHWC pixels of C channels, x its
 // top-left pixel, rows `row` values apart (a max pooling's output pixel; for
 // floats p > m ? p : m in pixel order, as graph.cc's scalar loop): true when
-// done (u8: AVX-512F with BW and VL; f32: AVX-512F), false, and nothing
-// written, without.
+// done (AVX-512F with BW and VL, for both), false, and nothing written, without.
 bool max_window_vector(const uint8_t* x, int64_t row, int64_t C, int64_t kh, int64_t kw, uint8_t* o);
 bool max_window_vector(const float* x, int64_t row, int64_t C, int64_t kh, int64_t kw, float* o);
 
