@@ -699,8 +699,7 @@ def _per_channel_constant(gm, node, x):
     if not (isinstance(node, torch.fx.Node) and node.op == "call_method" and node.target in ("reshape", "view")
             and not node.kwargs and len(node.args) >= 2):
         return None
-    g, shape = node.args[0], node.args[1:]
-    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    g, shape = node.args[0], _sizes(node.args[1:])
     if len(shape) == 4 and shape[0] == 1:
         shape = shape[1:]  # [1, C, 1, 1] as [C, 1, 1] (timm's metaformer Scale: view(C, 1, 1))
     if not (isinstance(g, torch.fx.Node) and g.op == "get_attr" and len(shape) == 3
@@ -718,6 +717,11 @@ def _channel_scaled(gm, node):
     return None
 
 
+def _sizes(args):
+    """The sizes of x.view / reshape / permute(...) given one by one or as one sequence."""
+    return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
+
+
 def _permute_dims(node):
     """The dims of x.permute(...) / torch.permute(x, ...), else None."""
     if node is None or node.kwargs or not node.args:
@@ -725,8 +729,7 @@ def _permute_dims(node):
     if not ((node.op == "call_method" and node.target == "permute") or
             (node.op == "call_function" and node.target is torch.permute)):
         return None
-    dims = node.args[1:]
-    dims = list(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else list(dims)
+    dims = list(_sizes(node.args[1:]))
     return dims if all(isinstance(d, int) for d in dims) else None
 
 
@@ -917,9 +920,7 @@ class _Shapes:
         if not (node.op == "call_method" and node.target in ("view", "reshape")) and not (
                 node.op == "call_function" and node.target is torch.reshape):
             return None
-        shape = list(node.args[1:])
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = list(shape[0])
+        shape = list(_sizes(node.args[1:]))
         if node.kwargs.get("shape") is not None:
             shape = list(node.kwargs["shape"])
         return [a if isinstance(a, int) else self.sym.get(a, "?") for a in shape]
@@ -1141,8 +1142,7 @@ def _constant_view(gm, a):
     if t is not None or not (isinstance(a, torch.fx.Node) and a.op == "call_method"
                              and a.target in ("view", "reshape") and len(a.args) >= 2 and not a.kwargs):
         return t
-    base, shape = _attr_tensor(gm, a.args[0]), a.args[1:]
-    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    base, shape = _attr_tensor(gm, a.args[0]), _sizes(a.args[1:])
     if base is None or not all(isinstance(d, int) for d in shape):
         return None
     try:
@@ -1248,10 +1248,7 @@ def _rank(node, modules):
     if _permute_dims(node) is not None:
         return len(_permute_dims(node))
     if node.op == "call_method" and node.target in ("view", "reshape", "permute"):
-        shape = node.args[1:]
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = shape[0]
-        return len(shape) or None
+        return len(_sizes(node.args[1:])) or None
     if node.op == "call_method" and node.target == "squeeze" and r is not None:
         d = _norm_dim(_dim_arg(node, 1, "dim"), r)
         return r - 1 if d is not None and d in node.args[0].meta.get("qpack_unit", ()) else None
