@@ -337,7 +337,7 @@ class _Frozen(nn.Module):
         return mod
 
 
-_LINEAR_FUNCS = (torch.nn.functional.linear, torch._C._nn.linear)
+_LINEAR_FUNCS = (F.linear, torch._C._nn.linear)
 _METADATA = tuple(f for f in (torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.device.__get__,
                               torch.Tensor.ndim.__get__, torch.Tensor.layout.__get__,
                               torch.Tensor.requires_grad.__get__, torch.Tensor.is_quantized.__get__,
@@ -649,15 +649,14 @@ class FrozenMultiheadAttention(nn.Module):
             pad = pad.reshape(B, 1, 1, S)
             mask = pad if mask is None else mask + pad
         causal = bool(is_causal) and attn_mask is None
-        if causal and mask is not None:  # a causal mask with the padding one
-            mask = mask + torch.full((L, S), float("-inf")).triu_(1)
+        if causal and (mask is not None or need_weights):  # a mask beside the padding one, or in the scores
+            upper = torch.full((L, S), float("-inf")).triu_(1)
+            mask = upper if mask is None else mask + upper
             causal = False
         weights = None
         if need_weights:
             scores = torch.matmul(qh, kh.transpose(-2, -1)) * (1.0 / hd ** 0.5)
-            if causal:
-                scores = scores + torch.full((L, S), float("-inf")).triu_(1)
-            elif mask is not None:
+            if mask is not None:
                 scores = scores + mask
             attn = torch.softmax(scores, dim=-1)
             out = torch.matmul(attn, vh)
