@@ -1,19 +1,25 @@
 """Scaled dot-product attention, fp32, batch 1: qpack's core kernel
 (qpack.torch.attention.scaled_dot_product_attention) against PyTorch's
-F.scaled_dot_product_attention on the same tensors, one thread, the two timed in
-alternating rounds (medians, microseconds).
+F.scaled_dot_product_attention on the same tensors, timed side by side in
+alternating rounds (bench/_timing.py: medians, and the threads that worked in
+each timed block), each row's GFLOP/s (4 L S D per head: the two products) as a
+fraction of the peak of that many cores measured in the same run (bench/peak.c).
 
-    .venv/bin/python bench/bench_attention.py [--reps 50] [--threads 1]
+    .venv/bin/python bench/bench_attention.py [--threads 1]
 """
 import argparse
-import statistics
-import time
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 
-import qpack
-from qpack.torch.attention import scaled_dot_product_attention as qpack_sdpa
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _peak  # noqa: E402
+from _timing import fmt_table, timed_side_by_side  # noqa: E402
+
+import qpack  # noqa: E402
+from qpack.torch.attention import scaled_dot_product_attention as qpack_sdpa  # noqa: E402
 
 SHAPES = [  # (name, heads, queries, keys, head dim)
     ("ViT-B/16 @224", 12, 197, 197, 64),
@@ -25,35 +31,38 @@ SHAPES = [  # (name, heads, queries, keys, head dim)
 ]
 
 
-def median_us(fn, reps):
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e6
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--reps", type=int, default=50)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     qpack.set_num_threads(args.threads)
-    print(f"| shape | heads x L x S x D | qpack µs | PyTorch µs | qpack / PyTorch | max abs diff |  ({args.threads} thread(s))")
-    print("|---|---|---|---|---|---|")
+    peak = _peak.measure()
+    fp32_peak = peak.get("fp32_gflops")
+    print(f"Peak of one core (bench/peak.c): {fp32_peak} GFLOP/s fp32 ({peak.get('error', peak.get('isa'))}); "
+          f"{args.threads} thread(s) asked")
+
+    def share(gflops, threads):
+        return f"{gflops:.0f} ({100 * gflops / (fp32_peak * threads):.0f}%)" if fp32_peak else f"{gflops:.0f}"
+
+    rows = []
     g = torch.Generator().manual_seed(0)
     for name, h, l, s, d in SHAPES:
         q, k, v = (torch.randn(1, h, n, d, generator=g) for n in (l, s, s))
+        gflop = 4 * h * l * s * d / 1e9
         with torch.inference_mode():
             diff = (qpack_sdpa(q, k, v) - F.scaled_dot_product_attention(q, k, v)).abs().max().item()
-            ours, theirs = [], []
-            for _ in range(3):  # alternating rounds
-                ours.append(median_us(lambda: qpack_sdpa(q, k, v), args.reps))
-                theirs.append(median_us(lambda: F.scaled_dot_product_attention(q, k, v), args.reps))
-        a, b = statistics.median(ours), statistics.median(theirs)
-        print(f"| {name} | {h} x {l} x {s} x {d} | {a:.0f} | {b:.0f} | {a / b:.2f} | {diff:.1e} |")
+            ours, theirs = timed_side_by_side([lambda: qpack_sdpa(q, k, v),
+                                               lambda: F.scaled_dot_product_attention(q, k, v)])
+        rows.append([name, f"{h} x {l} x {s} x {d}",
+                     f"{ours.median_ms * 1e3:.0f}", f"{ours.threads_used} ({ours.cpu_per_wall:.2f})",
+                     share(gflop / (ours.median_ms * 1e-3), ours.threads_used),
+                     f"{theirs.median_ms * 1e3:.0f}", f"{theirs.threads_used} ({theirs.cpu_per_wall:.2f})",
+                     share(gflop / (theirs.median_ms * 1e-3), theirs.threads_used),
+                     f"{ours.median_ms / theirs.median_ms:.2f}", f"{diff:.1e}"])
+    print(fmt_table(["shape", "heads x L x S x D", "qpack µs", "threads (CPU/wall)", "GFLOP/s (% peak)",
+                     "PyTorch µs", "threads (CPU/wall)", "GFLOP/s (% peak)", "qpack / PyTorch",
+                     "max abs diff"], rows))
 
 
 if __name__ == "__main__":
