@@ -208,7 +208,7 @@ cdef class GraphHandle:
 
     def node_backends(self):
         """Where each node runs: "qnnpack", "onednn" or "qpack" (the core's C++ code)."""
-        cdef char buf[64]
+        cdef char buf[128]
         out = []
         for i in range(self.info()["num_nodes"]):
             check_status(qpack_graph_node_backend(self._h, i, buf, sizeof(buf)))

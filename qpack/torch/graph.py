@@ -15,6 +15,7 @@ import copy
 import functools
 import inspect
 import operator
+import re
 
 import numpy as np
 import torch
@@ -2087,6 +2088,15 @@ class GraphRunner:
                     lines.append(f"  (a call ran its ops in PyTorch instead: {seg.fallback})")
             values = seg.spec["values"]
             runs_on = seg.graph().node_backends()
+            # the core names a fused add's convolution by node index: here by the value it makes
+            sums = {}
+            for ni, where in enumerate(runs_on):
+                m = re.search(r"sum post-op of node (\d+)", where)
+                if m:
+                    k = int(m.group(1))
+                    sums[k] = ni
+                    runs_on[ni] = where.replace(m.group(0), f"sum post-op of the conv2d -> "
+                                                            f"{seg.spec['nodes'][k]['output']}")
             for ni, n in enumerate(seg.spec["nodes"]):
                 dt, sc, zp = values[n["output"]]
                 q = f" scale={sc:.6g} zp={zp}" if dt == "u8" else ""
@@ -2101,6 +2111,8 @@ class GraphRunner:
                         extra += f" +{spec['activation']}"
                     if n.get("activation"):  # an activation node fused into it (_fuse_layer_activations)
                         extra += f" +{n['activation']}"
+                    if ni in sums:  # an add run as its sum post-op (the core's plan)
+                        extra += f" +add({','.join(str(i) for i in seg.spec['nodes'][sums[ni]]['inputs'])})"
                     extra += f" packed={layer.nbytes_packed}B"
                 elif n.get("activation"):
                     extra = f" +{n['activation']}"

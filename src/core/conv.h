@@ -35,11 +35,18 @@ struct ConvSpec : OpSpec {
 // runs an activation applied after the layer's own (a frozen graph's
 // activation node fused into the convolution; act_min / act_max as the
 // graph node's: clamp bounds, leaky_relu's slope).
+// sum (f32, where the kernel fuses_sum_f32): y holds a value of the output's
+// shape and layout on entry and the run leaves sum_act(post_act(conv(x)) + y)
+// there: a graph's residual add (and its activation) as the convolution's
+// sum post-op.
 struct ConvShape {
   int64_t N, H, W, OH, OW;
   qpack_layout x_layout, y_layout;
   qpack_activation post_act = QPACK_ACT_NONE;
   float post_min = 0.0f, post_max = 0.0f;
+  bool sum = false;
+  qpack_activation sum_act = QPACK_ACT_NONE;
+  float sum_min = 0.0f, sum_max = 0.0f;
 };
 
 // A backend's packed convolution weights; run entry points as LinearKernel's.
@@ -54,6 +61,9 @@ class ConvKernel : public Kernel {
   const ConvSpec& spec() const { return spec_; }
   // Whether run_f32 applies `act` as ConvShape::post_act (none: every kernel).
   virtual bool fuses_f32(qpack_activation act) const { return act == QPACK_ACT_NONE; }
+  // Whether run_f32 takes this shape with sum set (its post_act, sum_act
+  // included): no kernel but where it says so.
+  virtual bool fuses_sum_f32(const ConvShape&) const { return false; }
   // Whether run_f32 reads and writes planar (NCHW) data for this shape at
   // least as fast as channels-last data with transposes around it (a graph
   // then keeps such an input, and an output only the caller reads, NCHW).

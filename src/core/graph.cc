@@ -944,6 +944,19 @@ std::string Graph::node_backend(size_t i) const {
   const GraphNode& n = nodes_[i];
   if (n.conv) return backend(n.conv->spec().backend).name;
   if (n.linear) return backend(n.linear->spec().backend).name;
+  if (n.kind == QPACK_NODE_ADD) {
+    int into = -1;
+    bool fused = false, apart = false;
+    for (const auto& p : plans_.entries()) {
+      const int c = p->fused_add[i];
+      (c >= 0 ? fused : apart) = true;
+      if (c >= 0) into = c;
+    }
+    if (fused) {
+      return std::string(backend(nodes_[static_cast<size_t>(into)].conv->spec().backend).name) +
+             " (sum post-op of node " + std::to_string(into) + ")" + (apart ? ", qpack for some shapes" : "");
+    }
+  }
   if (!n.backend_op) return "qpack";
   const std::string name = backend(backend_).name;
   bool native = false, fallback = false;
@@ -965,6 +978,65 @@ size_t Graph::nbytes_packed() const {
 }
 
 // ---- planning: shapes and buffers ---------------------------------------------------
+
+// Residual adds as their convolution's sum post-op (f32): add(c, r) where c
+// is a convolution's output that only the add reads and r was made before
+// that convolution and is read after it by the add alone. The convolution
+// then runs on r's buffer, adding its result there (ConvShape::sum, the add's
+// activation after), and the add is skipped: one pass over the values less.
+// r is not in the caller's memory and none of the three is a graph output.
+// QPACK_GRAPH_FUSE_ADD=0 keeps every add a node of its own.
+void Graph::fuse_adds(GraphPlan* p) const {
+  const int steps = static_cast<int>(nodes_.size());
+  p->fused_add.assign(nodes_.size(), -1);
+  static const bool enabled = [] {
+    const char* e = std::getenv("QPACK_GRAPH_FUSE_ADD");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  if (!enabled) return;
+  std::vector<int> producer(values_.size(), -1), reads(values_.size(), 0);
+  for (int i = 0; i < steps; ++i) {
+    producer[nodes_[i].out] = i;
+    for (int v : nodes_[i].in) ++reads[v];
+  }
+  auto output = [&](int v) { return std::find(outputs_.begin(), outputs_.end(), v) != outputs_.end(); };
+  for (int j = 0; j < steps; ++j) {
+    const GraphNode& add = nodes_[j];
+    if (add.kind != QPACK_NODE_ADD || add.in.size() != 2 || add.in[0] == add.in[1] ||
+        values_[add.out].dtype != QPACK_DTYPE_F32 || p->shapes[add.out].rank != 4 || output(add.out) ||
+        p->nchw[add.out]) {
+      continue;
+    }
+    for (int k = 0; k < 2; ++k) {
+      const int c = add.in[k], r = add.in[1 - k], i = producer[c];
+      if (i < 0 || nodes_[i].kind != QPACK_NODE_CONV2D || !nodes_[i].conv || reads[c] != 1 || output(c) ||
+          output(r) || p->nchw[c] || p->nchw[r] || producer[r] >= i || (producer[r] < 0 && p->external[r]) ||
+          !(p->shapes[r] == p->shapes[c])) {
+        continue;
+      }
+      // r's readers other than the add come before the convolution
+      bool read_late = false;
+      for (int m = i; m < steps; ++m) {
+        if (m != j && std::find(nodes_[m].in.begin(), nodes_[m].in.end(), r) != nodes_[m].in.end()) read_late = true;
+      }
+      if (read_late) continue;
+      const Shape& xs = p->shapes[nodes_[i].in[0]];
+      ConvShape s{xs.d[0], xs.d[2], xs.d[3], p->shapes[c].d[2], p->shapes[c].d[3],
+                  p->nchw[nodes_[i].in[0]] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC, QPACK_LAYOUT_NHWC};
+      s.post_act = nodes_[i].act;
+      s.post_min = nodes_[i].act_min;
+      s.post_max = nodes_[i].act_max;
+      s.sum = true;
+      s.sum_act = add.act;
+      s.sum_min = add.act_min;
+      s.sum_max = add.act_max;
+      if (!nodes_[i].conv->kernel().fuses_sum_f32(s)) continue;
+      p->fused_add[static_cast<size_t>(i)] = j;
+      p->fused_add[static_cast<size_t>(j)] = i;
+      break;
+    }
+  }
+}
 
 Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
   const Shape& x = shapes[n.in[0]];
@@ -1171,6 +1243,7 @@ GraphPlan Graph::make_plan(const qpack_tensor* inputs) const {
     const GraphNode& n = nodes_[i];
     p.on_backend[i] = n.backend_op && n.backend_op->accepts(p.shapes[n.in[0]], p.shapes[n.out]);
   }
+  fuse_adds(&p);
   // Outputs only the caller reads that their node writes NCHW itself: a
   // convolution's fast on planar data whose input is NCHW; a dequantize's,
   // transposing on the way (one pass instead of two), where no input came
@@ -1244,7 +1317,21 @@ GraphPlan Graph::make_plan(const qpack_tensor* inputs) const {
   for (int v : inputs_) {
     if (!p.external[v]) place(v, -1);
   }
-  for (int i = 0; i < steps; ++i) place(nodes_[i].out, i);
+  for (int i = 0; i < steps; ++i) {
+    const int j = p.fused_add[static_cast<size_t>(i)];
+    if (j < 0) {
+      place(nodes_[i].out, i);
+    } else if (nodes_[i].kind == QPACK_NODE_CONV2D) {
+      // the convolution and its add write the other operand's buffer, which
+      // then lives as long as the add's output
+      const GraphNode& add = nodes_[static_cast<size_t>(j)];
+      const int r = add.in[0] == nodes_[i].out ? add.in[1] : add.in[0];
+      p.offsets[nodes_[i].out] = p.offsets[add.out] = p.offsets[r];
+      for (Block& b : live) {
+        if (b.offset == p.offsets[r]) b.dies = std::max(b.dies, dies[add.out]);
+      }
+    }
+  }
   return p;
 }
 
@@ -1361,6 +1448,7 @@ void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* output
   }
   if (profile) std::fprintf(stderr, "qpack graph inputs to their layouts %.1f us\n", since(t_edges));
   for (size_t i = 0; i < nodes_.size(); ++i) {
+    if (nodes_[i].kind == QPACK_NODE_ADD && plan->fused_add[i] >= 0) continue;  // in its convolution
     if (!profile) {
       run_node(nodes_[i], *plan, ptrs.data());
       continue;
@@ -1369,8 +1457,8 @@ void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* output
     run_node(nodes_[i], *plan, ptrs.data());
     const double us = since(t0);
     const Shape& s = plan->shapes[nodes_[i].out];
-    std::fprintf(stderr, "qpack graph node %zu %s %s%s %.1f us\n", i, kind_name(nodes_[i].kind),
-                 shape_str(s).c_str(),
+    std::fprintf(stderr, "qpack graph node %zu %s%s %s%s %.1f us\n", i, kind_name(nodes_[i].kind),
+                 plan->fused_add[i] >= 0 ? "+add" : "", shape_str(s).c_str(),
                  plan->on_backend[i] ? (std::string(" on ") + backend(backend_).name).c_str() : "", us);
   }
   t_edges = std::chrono::steady_clock::now();
@@ -1426,6 +1514,14 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
         fused.post_act = n.act;
         fused.post_min = n.act_min;
         fused.post_max = n.act_max;
+        const int add = plan.fused_add[static_cast<size_t>(&n - nodes_.data())];
+        if (add >= 0) {  // y holds the add's other operand (make_plan)
+          const GraphNode& a = nodes_[static_cast<size_t>(add)];
+          fused.sum = true;
+          fused.sum_act = a.act;
+          fused.sum_min = a.act_min;
+          fused.sum_max = a.act_max;
+        }
         n.conv->kernel().run_f32(fused, xf, yf);
       }
       return;

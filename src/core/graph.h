@@ -64,6 +64,9 @@ struct GraphPlan {
   std::vector<bool> nchw;         // per value: held NCHW (an input its consumers read as it is, a
                                   // quantize of few channels, a planar convolution's output)
   std::vector<bool> on_backend;   // per node: runs on its backend_op (which takes these shapes)
+  // per node: a convolution into which an add is fused as its sum post-op
+  // (ConvShape::sum): the add's index; that add: the convolution's; else -1
+  std::vector<int> fused_add;
   size_t workspace = 0;
 };
 
@@ -103,6 +106,8 @@ class Graph {
   // Whether convolution node n runs on planar (NCHW) fp32 data at these
   // shapes at least as fast as on channels-last (ConvKernel::fast_on_nchw_f32).
   bool planar_conv(const GraphNode& n, const std::vector<Shape>& shapes) const;
+  // Sets plan->fused_add: residual adds their convolution runs as its sum post-op.
+  void fuse_adds(GraphPlan* plan) const;
   void run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* ptrs) const;
   // The backend of the static int8 ops (when they agree) and its operators
   // for the u8 nodes it takes (GraphNode::backend_op).

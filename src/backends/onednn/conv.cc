@@ -153,6 +153,9 @@ struct Prim {
   qpack_layout x_layout, y_layout;
   qpack_activation post_act;  // f32: an activation after the layer's own, a post-op
   float post_min, post_max;
+  bool sum;                   // f32: + the destination's values (sum post-op), then sum_act
+  qpack_activation sum_act;
+  float sum_min, sum_max;
   bool via_nhwc;  // reorder NCHW data to channels-last around the primitive
   bool split;     // int8_split.h's mode: s32 output, epilogue in C++
   int wanted_zps;  // the zero points the runs it serves need (runtime.h's ZeroPoints)
@@ -296,6 +299,25 @@ class OnednnConv final : public ConvKernel {
     dnnl::algorithm alg;
     float alpha, beta;
     return act == QPACK_ACT_NONE || (!spec_.int8() && eltwise_of(act, 0.0f, 1.0f, &alg, &alpha, &beta));
+  }
+
+  // A residual add as oneDNN's sum post-op: fp32 1x1 convolutions
+  // channels-last in and out (the primitive writes y in place: no copy around
+  // it), activations oneDNN applies as post-ops. Per node in graphs, one Zen 5
+  // thread, add + conv -> conv with sum: MobileNetV2's 1x1 projections 24 @56^2
+  // 148 -> 133 us, 32 @28^2 46 -> 43, 160 @7^2 79 -> 76; ResNet-18's 1x1
+  // downsamples about even (78 / 78, 74 / 78). 3x3 convolutions are left
+  // apart: oneDNN 3.2's brgconv with sum ran ResNet-18's 64 @56^2 slower
+  // (958 -> 1000 us) and the others even.
+  bool fuses_sum_f32(const ConvShape& s) const override {
+    dnnl::algorithm alg;
+    float alpha, beta;
+    auto post_op = [&](qpack_activation act, float lo, float hi) {
+      return act == QPACK_ACT_NONE || (!own_activation(act) && eltwise_of(act, lo, hi, &alg, &alpha, &beta));
+    };
+    return !spec_.int8() && spec_.KH == 1 && spec_.KW == 1 && !subsample_ &&
+           s.x_layout == QPACK_LAYOUT_NHWC && s.y_layout == QPACK_LAYOUT_NHWC &&
+           post_op(s.post_act, s.post_min, s.post_max) && post_op(s.sum_act, s.sum_min, s.sum_max);
   }
 
   bool fast_on_nchw_f32(const ConvShape& s) const override {
@@ -486,6 +508,14 @@ class OnednnConv final : public ConvKernel {
       po.append_eltwise(post, alpha, beta);
       attr.set_post_ops(po);
     }
+    if (run != nullptr && run->sum) {  // fuses_sum_f32 checked the activations
+      dnnl::post_ops po = attr.get_post_ops();
+      po.append_sum(1.0f);
+      if (eltwise_of(run->sum_act, run->sum_min, run->sum_max, &post, &alpha, &beta)) {
+        po.append_eltwise(post, alpha, beta);
+      }
+      attr.set_post_ops(po);
+    }
     memory::desc src_md({N, spec_.IC, H, W}, act_dt(), x_tag);
     memory::desc dst_md({N, spec_.OC, OH, OW}, dst_dt(split), y_tag);
     const memory::dims strides{subsample_ ? 1 : spec_.stride_h, subsample_ ? 1 : spec_.stride_w};
@@ -530,7 +560,7 @@ class OnednnConv final : public ConvKernel {
       };
       auto prim = [&](const dnnl::convolution_forward::primitive_desc& pd, bool via_nhwc, memory wei) {
         return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, s.post_act, s.post_min, s.post_max,
-                    via_nhwc, split, wanted_zps, zps, wei, dnnl::convolution_forward(pd),
+                    s.sum, s.sum_act, s.sum_min, s.sum_max, via_nhwc, split, wanted_zps, zps, wei, dnnl::convolution_forward(pd),
                     pd.scratchpad_desc().get_size()};
       };
       memory wei;
@@ -574,7 +604,8 @@ class OnednnConv final : public ConvKernel {
         [&s, split, zps](const Prim& p) {
           return p.split == split && p.N == s.N && p.H == s.H && p.W == s.W && p.x_layout == s.x_layout &&
                  p.y_layout == s.y_layout && p.post_act == s.post_act && p.post_min == s.post_min &&
-                 p.post_max == s.post_max && p.wanted_zps == zps;
+                 p.post_max == s.post_max && p.sum == s.sum && p.sum_act == s.sum_act &&
+                 p.sum_min == s.sum_min && p.sum_max == s.sum_max && p.wanted_zps == zps;
         },
         [&] { return build(s, split, zps, &relaid); },
         // Primitives built on a replaced layout are rebuilt on demand, so the
