@@ -8,7 +8,7 @@ void ConvKernel::run_f32(const ConvShape& s, const float* x, float* y) const {
   check_run_mode(spec_, OpKind::conv2d, false);
   check(fuses_f32(s.post_act), QPACK_STATUS_INVALID_ARGUMENT, "this convolution cannot apply activation ",
         static_cast<int>(s.post_act), " after itself");
-  check(!s.sum || fuses_sum_f32(s), QPACK_STATUS_INVALID_ARGUMENT,
+  check(!s.sum || fuses_sum(s), QPACK_STATUS_INVALID_ARGUMENT,
         "this convolution cannot add its output to the destination's values for this shape");
   counters_.ran();
   if (s.N > 0) do_run_f32(s, x, y);
@@ -18,6 +18,8 @@ void ConvKernel::run_u8(const ConvShape& s, const uint8_t* x, float input_scale,
                         int32_t input_zero_point, uint8_t* y) const {
   check_run_mode(spec_, OpKind::conv2d, true);
   check_input_qparams(input_scale, input_zero_point);
+  check(!s.sum || fuses_sum(s), QPACK_STATUS_INVALID_ARGUMENT,
+        "this convolution cannot add its output to the destination's values for this shape");
   counters_.ran();
   if (s.N > 0) do_run_u8(s, x, input_scale, input_zero_point, y);
 }

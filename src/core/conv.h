@@ -35,10 +35,12 @@ struct ConvSpec : OpSpec {
 // runs an activation applied after the layer's own (a frozen graph's
 // activation node fused into the convolution; act_min / act_max as the
 // graph node's: clamp bounds, leaky_relu's slope).
-// sum (f32, where the kernel fuses_sum_f32): y holds a value of the output's
-// shape and layout on entry and the run leaves sum_act(post_act(conv(x)) + y)
-// there: a graph's residual add (and its activation) as the convolution's
-// sum post-op.
+// sum (where the kernel fuses_sum): y holds a value of the output's shape and
+// layout on entry and the run leaves sum_act(post_act(conv(x)) + y) there: a
+// graph's residual add (and its activation) as the convolution's sum
+// post-op. u8: y's values on entry are in (sum_scale, sum_zp), the result is
+// quantized to (out_scale, out_zp) instead of the layer's output parameters,
+// and the convolution's own result is never rounded to u8 on the way.
 struct ConvShape {
   int64_t N, H, W, OH, OW;
   qpack_layout x_layout, y_layout;
@@ -47,6 +49,8 @@ struct ConvShape {
   bool sum = false;
   qpack_activation sum_act = QPACK_ACT_NONE;
   float sum_min = 0.0f, sum_max = 0.0f;
+  float sum_scale = 1.0f, out_scale = 1.0f;
+  int32_t sum_zp = 0, out_zp = 0;
 };
 
 // A backend's packed convolution weights; run entry points as LinearKernel's.
@@ -61,9 +65,9 @@ class ConvKernel : public Kernel {
   const ConvSpec& spec() const { return spec_; }
   // Whether run_f32 applies `act` as ConvShape::post_act (none: every kernel).
   virtual bool fuses_f32(qpack_activation act) const { return act == QPACK_ACT_NONE; }
-  // Whether run_f32 takes this shape with sum set (its post_act, sum_act
-  // included): no kernel but where it says so.
-  virtual bool fuses_sum_f32(const ConvShape&) const { return false; }
+  // Whether run_f32 / run_u8 take this shape with sum set (its post_act,
+  // sum_act included): no kernel but where it says so.
+  virtual bool fuses_sum(const ConvShape&) const { return false; }
   // Whether run_f32 reads and writes planar (NCHW) data for this shape at
   // least as fast as channels-last data with transposes around it (a graph
   // then keeps such an input, and an output only the caller reads, NCHW).

@@ -979,12 +979,15 @@ size_t Graph::nbytes_packed() const {
 
 // ---- planning: shapes and buffers ---------------------------------------------------
 
-// Residual adds as their convolution's sum post-op (f32): add(c, r) where c
-// is a convolution's output that only the add reads and r was made before
-// that convolution and is read after it by the add alone. The convolution
-// then runs on r's buffer, adding its result there (ConvShape::sum, the add's
-// activation after), and the add is skipped: one pass over the values less.
-// r is not in the caller's memory and none of the three is a graph output.
+// Residual adds as their convolution's sum post-op: add(c, r) where c is a
+// convolution's output that only the add reads and r was made before that
+// convolution and is read after it by the add alone. The convolution then
+// runs on r's buffer, adding its result there (ConvShape::sum, the add's
+// activation after), and the add is skipped: one pass over the values less,
+// where the kernel takes it (ConvKernel::fuses_sum). r is not in the caller's
+// memory and none of the three is a graph output. u8: c is never rounded, so
+// the add's output moves by at most half a quantum of c from the per-edge
+// result: fused only where that is at most one quantum of the output.
 // QPACK_GRAPH_FUSE_ADD=0 keeps every add a node of its own.
 void Graph::fuse_adds(GraphPlan* p) const {
   const int steps = static_cast<int>(nodes_.size());
@@ -1003,10 +1006,11 @@ void Graph::fuse_adds(GraphPlan* p) const {
   for (int j = 0; j < steps; ++j) {
     const GraphNode& add = nodes_[j];
     if (add.kind != QPACK_NODE_ADD || add.in.size() != 2 || add.in[0] == add.in[1] ||
-        values_[add.out].dtype != QPACK_DTYPE_F32 || p->shapes[add.out].rank != 4 || output(add.out) ||
-        p->nchw[add.out]) {
+        p->shapes[add.out].rank != 4 || output(add.out) || p->nchw[add.out] || p->on_backend[j]) {
       continue;
     }
+    const GraphValue& y = values_[add.out];
+    const bool u8 = y.dtype == QPACK_DTYPE_U8;
     for (int k = 0; k < 2; ++k) {
       const int c = add.in[k], r = add.in[1 - k], i = producer[c];
       if (i < 0 || nodes_[i].kind != QPACK_NODE_CONV2D || !nodes_[i].conv || reads[c] != 1 || output(c) ||
@@ -1020,6 +1024,7 @@ void Graph::fuse_adds(GraphPlan* p) const {
         if (m != j && std::find(nodes_[m].in.begin(), nodes_[m].in.end(), r) != nodes_[m].in.end()) read_late = true;
       }
       if (read_late) continue;
+      if (u8 && !(values_[c].scale <= 2.0f * y.scale)) continue;
       const Shape& xs = p->shapes[nodes_[i].in[0]];
       ConvShape s{xs.d[0], xs.d[2], xs.d[3], p->shapes[c].d[2], p->shapes[c].d[3],
                   p->nchw[nodes_[i].in[0]] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC, QPACK_LAYOUT_NHWC};
@@ -1030,7 +1035,14 @@ void Graph::fuse_adds(GraphPlan* p) const {
       s.sum_act = add.act;
       s.sum_min = add.act_min;
       s.sum_max = add.act_max;
-      if (!nodes_[i].conv->kernel().fuses_sum_f32(s)) continue;
+      if (u8) {
+        s.post_act = QPACK_ACT_NONE;  // a u8 layer's own activation is its spec's
+        s.sum_scale = values_[r].scale;
+        s.sum_zp = values_[r].zero_point;
+        s.out_scale = y.scale;
+        s.out_zp = y.zero_point;
+      }
+      if (!nodes_[i].conv->kernel().fuses_sum(s)) continue;
       p->fused_add[static_cast<size_t>(i)] = j;
       p->fused_add[static_cast<size_t>(j)] = i;
       break;
@@ -1507,21 +1519,26 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
                                 : ConvShape{xs.d[0], xs.d[2], xs.d[3], ys.d[2], ys.d[3],
                                             plan.nchw[n.in[0]] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC,
                                             plan.nchw[n.out] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC};
+      ConvShape fused = s;
+      const int add = plan.fused_add[static_cast<size_t>(&n - nodes_.data())];
+      if (add >= 0) {  // y holds the add's other operand (make_plan, fuse_adds)
+        const GraphNode& a = nodes_[static_cast<size_t>(add)];
+        const GraphValue& r = values_[a.in[0] == n.out ? a.in[1] : a.in[0]];
+        fused.sum = true;
+        fused.sum_act = a.act;
+        fused.sum_min = a.act_min;
+        fused.sum_max = a.act_max;
+        fused.sum_scale = r.scale;
+        fused.sum_zp = r.zero_point;
+        fused.out_scale = values_[a.out].scale;
+        fused.out_zp = values_[a.out].zero_point;
+      }
       if (u8) {
-        n.conv->kernel().run_u8(s, x, qx.scale, qx.zp, y);
+        n.conv->kernel().run_u8(fused, x, qx.scale, qx.zp, y);
       } else {
-        ConvShape fused = s;
         fused.post_act = n.act;
         fused.post_min = n.act_min;
         fused.post_max = n.act_max;
-        const int add = plan.fused_add[static_cast<size_t>(&n - nodes_.data())];
-        if (add >= 0) {  // y holds the add's other operand (make_plan)
-          const GraphNode& a = nodes_[static_cast<size_t>(add)];
-          fused.sum = true;
-          fused.sum_act = a.act;
-          fused.sum_min = a.act_min;
-          fused.sum_max = a.act_max;
-        }
         n.conv->kernel().run_f32(fused, xf, yf);
       }
       return;

@@ -1,9 +1,11 @@
-"""fp32 residual adds run as their 1x1 convolution's oneDNN sum post-op.
+"""Residual adds run as their convolution's sum post-op (oneDNN's, or qpack's
+own int8 1x1 kernel's): fp32 after 1x1 convolutions, int8 after any.
 
 The add's other operand becomes the convolution's destination (it is dead
 after the add); where that would overwrite a value something still reads, the
-caller's memory or a graph output, the add stays a node of its own. Every case
-against eager PyTorch, and the report says which adds were fused."""
+caller's memory or a graph output, the add stays a node of its own. fp32 cases
+against eager PyTorch, int8 against the per-edge reference (test_graph.py),
+and the report says which adds were fused."""
 import threading
 
 import pytest
@@ -12,6 +14,8 @@ torch = pytest.importorskip("torch", reason="the graph tests freeze torch models
 from torch import nn  # noqa: E402
 
 import qpack  # noqa: E402
+
+from test_graph import per_edge_reference, randomize_bn  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not qpack.backends()["onednn"]["available"],
                                 reason="fp32 graphs run on oneDNN, which this build lacks")
@@ -168,3 +172,38 @@ def test_fused_adds_under_many_threads_and_changing_sizes():
     for t in threads:
         t.join()
     assert not errors, errors[:3]
+
+
+class Block(nn.Module):
+    """A ResNet block on a value the graph makes: relu(h + bn(conv(relu(conv(h))))), then a max pool."""
+
+    def __init__(self, c=32, k=3):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(8, c, 3, 1, 1), nn.ReLU())
+        self.a = nn.Sequential(nn.Conv2d(c, c, k, 1, k // 2), nn.BatchNorm2d(c), nn.ReLU())
+        self.b = nn.Sequential(nn.Conv2d(c, c, k, 1, k // 2), nn.BatchNorm2d(c))
+        self.pool = nn.MaxPool2d(2)
+
+    def forward(self, x):
+        h = self.stem(x)
+        return self.pool(torch.relu(h + self.b(self.a(h))))
+
+
+# channel counts off 16 (qpack's 1x1 kernel's tails of 8 and 4 outputs) and over 64
+@pytest.mark.parametrize("k,c", [(1, 32), (1, 24), (1, 20), (1, 72), (3, 32)])
+def test_int8_add_fused_within_the_per_edge_reference(k, c):
+    torch.manual_seed(2)
+    model = randomize_bn(Block(c=c, k=k)).eval()
+    calib = [torch.randn(2, 8, 12, 12) for _ in range(3)]
+    f = qpack.freeze(model, dtype="int8", example_inputs=calib, backend="onednn", progress=False)
+    x = torch.randn(2, 8, 12, 12)
+    with torch.no_grad():
+        y, ref, fp = f(x), per_edge_reference(f, x), model(x)
+    report = qpack.graph_report(f)
+    assert "sum post-op of the conv2d ->" in report, report
+    spec = qpack.torch.graph.runner_of(f)._spec
+    out_s = spec["values"][spec["nodes"][-1]["inputs"][0]][1]  # the last node dequantizes
+    # the add skips the convolution's own rounding (at most one quantum at the
+    # add, which the max pool carries as it is) on top of the ops before it
+    assert float((y - ref).abs().max()) <= 2 * out_s + 1e-6, (float((y - ref).abs().max()), out_s)
+    assert rel_err(y, fp) < 0.05, rel_err(y, fp)

@@ -33,7 +33,9 @@
 // oneDNN packed them in (checked once per packed weight, never assumed);
 // elsewhere on oneDNN's.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -48,6 +50,7 @@
 #include "core/conv.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/quant.h"
 #include "core/vec_math.h"
 
 namespace qpack {
@@ -153,9 +156,11 @@ struct Prim {
   qpack_layout x_layout, y_layout;
   qpack_activation post_act;  // f32: an activation after the layer's own, a post-op
   float post_min, post_max;
-  bool sum;                   // f32: + the destination's values (sum post-op), then sum_act
+  bool sum;                   // + the destination's values (sum post-op), then sum_act
   qpack_activation sum_act;
   float sum_min, sum_max;
+  float sum_scale;            // u8: the destination's parameters on entry
+  int32_t sum_zp;
   bool via_nhwc;  // reorder NCHW data to channels-last around the primitive
   bool split;     // int8_split.h's mode: s32 output, epilogue in C++
   int wanted_zps;  // the zero points the runs it serves need (runtime.h's ZeroPoints)
@@ -301,23 +306,42 @@ class OnednnConv final : public ConvKernel {
     return act == QPACK_ACT_NONE || (!spec_.int8() && eltwise_of(act, 0.0f, 1.0f, &alg, &alpha, &beta));
   }
 
-  // A residual add as oneDNN's sum post-op: fp32 1x1 convolutions
-  // channels-last in and out (the primitive writes y in place: no copy around
-  // it), activations oneDNN applies as post-ops. Per node in graphs, one Zen 5
-  // thread, add + conv -> conv with sum: MobileNetV2's 1x1 projections 24 @56^2
-  // 148 -> 133 us, 32 @28^2 46 -> 43, 160 @7^2 79 -> 76; ResNet-18's 1x1
-  // downsamples about even (78 / 78, 74 / 78). 3x3 convolutions are left
-  // apart: oneDNN 3.2's brgconv with sum ran ResNet-18's 64 @56^2 slower
-  // (958 -> 1000 us) and the others even.
-  bool fuses_sum_f32(const ConvShape& s) const override {
+  // A residual add as the convolution's sum post-op, channels-last in and out
+  // (the primitive writes y in place: no copy around it), activations oneDNN
+  // applies as post-ops. Per node in graphs, one Zen 5 thread, conv + add ->
+  // conv with sum:
+  // - fp32 1x1 only: MobileNetV2's projections 24 @56^2 148 -> 133 us, 32
+  //   @28^2 46 -> 43, 160 @7^2 79 -> 76; ResNet-18's 1x1 downsamples about
+  //   even (78 / 78, 74 / 78). oneDNN 3.2's fp32 brgconv with sum ran
+  //   ResNet-18's 3x3 64 @56^2 slower (958 -> 1000 us), the others even.
+  // - int8, every kernel size, and pointwise_u8's sum where that kernel runs
+  //   (no clamp of its own; relu / clamp after the add): ResNet-50's 1x1
+  //   256 @56^2 168 -> 136 us, 512 @28^2 130 -> 120, 1024 @14^2 119 -> 116;
+  //   ResNet-18's 3x3 brgconv adds 0-17 us each below the pair's time (five
+  //   adds, 1259 -> 1216 us); MobileNetV2's projections even (+-2 us).
+  bool fuses_sum(const ConvShape& s) const override {
     dnnl::algorithm alg;
     float alpha, beta;
     auto post_op = [&](qpack_activation act, float lo, float hi) {
       return act == QPACK_ACT_NONE || (!own_activation(act) && eltwise_of(act, lo, hi, &alg, &alpha, &beta));
     };
-    return !spec_.int8() && spec_.KH == 1 && spec_.KW == 1 && !subsample_ &&
-           s.x_layout == QPACK_LAYOUT_NHWC && s.y_layout == QPACK_LAYOUT_NHWC &&
-           post_op(s.post_act, s.post_min, s.post_max) && post_op(s.sum_act, s.sum_min, s.sum_max);
+    if (s.x_layout != QPACK_LAYOUT_NHWC || s.y_layout != QPACK_LAYOUT_NHWC || subsample_ ||
+        !post_op(s.post_act, s.post_min, s.post_max) || !post_op(s.sum_act, s.sum_min, s.sum_max)) {
+      return false;
+    }
+    if (!spec_.int8()) return spec_.KH == 1 && spec_.KW == 1;
+    if (split_) return false;
+    if (runs_own(s, *std::atomic_load(&packed_))) {  // pointwise_u8's sum: no clamp of its own, a clamp after
+      return own_ == OwnKernel::pointwise && std::isinf(spec_.clamp_min) && std::isinf(spec_.clamp_max) &&
+             (s.sum_act == QPACK_ACT_NONE || s.sum_act == QPACK_ACT_RELU || s.sum_act == QPACK_ACT_CLAMP);
+    }
+    return true;
+  }
+
+  // Whether a u8 run of shape s takes qpack's own kernel.
+  bool runs_own(const ConvShape& s, const Packed& packed) const {
+    return own_ != OwnKernel::none && packed.own == own_ &&
+           (own_ != OwnKernel::pointwise || pointwise_u8_faster(spec_.IC, packed.pointwise, s.OH * s.OW));
   }
 
   bool fast_on_nchw_f32(const ConvShape& s) const override {
@@ -340,12 +364,11 @@ class OnednnConv final : public ConvKernel {
 
   void do_run_u8(const ConvShape& s, const uint8_t* x, float input_scale, int32_t input_zero_point,
                  uint8_t* y) const override {
-    const RunQuant rq{input_scale, input_zero_point, spec_.output_scale, spec_.output_zero_point};
+    const RunQuant rq{input_scale, input_zero_point, s.sum ? s.out_scale : spec_.output_scale,
+                      s.sum ? s.out_zp : spec_.output_zero_point};
     if (own_ != OwnKernel::none) {
       auto packed = std::atomic_load(&packed_);
-      if (packed->own == own_ &&
-          (own_ != OwnKernel::pointwise ||
-           pointwise_u8_faster(spec_.IC, packed->pointwise, s.OH * s.OW))) {
+      if (runs_own(s, *packed)) {
         run_own(s, *packed, x, rq, y);
         return;
       }
@@ -508,9 +531,13 @@ class OnednnConv final : public ConvKernel {
       po.append_eltwise(post, alpha, beta);
       attr.set_post_ops(po);
     }
-    if (run != nullptr && run->sum) {  // fuses_sum_f32 checked the activations
+    if (run != nullptr && run->sum) {  // fuses_sum checked the activations
       dnnl::post_ops po = attr.get_post_ops();
-      po.append_sum(1.0f);
+      if (spec_.int8()) {
+        po.append_sum(run->sum_scale, run->sum_zp);
+      } else {
+        po.append_sum(1.0f);
+      }
       if (eltwise_of(run->sum_act, run->sum_min, run->sum_max, &post, &alpha, &beta)) {
         po.append_eltwise(post, alpha, beta);
       }
@@ -560,7 +587,7 @@ class OnednnConv final : public ConvKernel {
       };
       auto prim = [&](const dnnl::convolution_forward::primitive_desc& pd, bool via_nhwc, memory wei) {
         return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, s.post_act, s.post_min, s.post_max,
-                    s.sum, s.sum_act, s.sum_min, s.sum_max, via_nhwc, split, wanted_zps, zps, wei, dnnl::convolution_forward(pd),
+                    s.sum, s.sum_act, s.sum_min, s.sum_max, s.sum_scale, s.sum_zp, via_nhwc, split, wanted_zps, zps, wei, dnnl::convolution_forward(pd),
                     pd.scratchpad_desc().get_size()};
       };
       memory wei;
@@ -605,7 +632,8 @@ class OnednnConv final : public ConvKernel {
           return p.split == split && p.N == s.N && p.H == s.H && p.W == s.W && p.x_layout == s.x_layout &&
                  p.y_layout == s.y_layout && p.post_act == s.post_act && p.post_min == s.post_min &&
                  p.post_max == s.post_max && p.sum == s.sum && p.sum_act == s.sum_act &&
-                 p.sum_min == s.sum_min && p.sum_max == s.sum_max && p.wanted_zps == zps;
+                 p.sum_min == s.sum_min && p.sum_max == s.sum_max && p.sum_scale == s.sum_scale &&
+                 p.sum_zp == s.sum_zp && p.wanted_zps == zps;
         },
         [&] { return build(s, split, zps, &relaid); },
         // Primitives built on a replaced layout are rebuilt on demand, so the
@@ -673,10 +701,19 @@ class OnednnConv final : public ConvKernel {
                    num_threads(),
                    own_ == OwnKernel::depthwise ? DepthwiseIsa::avx512_vnni : DepthwiseIsa::avx2);
     } else {
-      pointwise_u8(PointwiseU8{src, dst, s.N, s.H, s.W, spec_.IC, spec_.OC, s.OH, s.OW,
-                               spec_.stride_h, spec_.stride_w, w, packed.pointwise,
-                               packed.weight_sums.data(), q},
-                   num_threads());
+      PointwiseU8 a{src, dst, s.N, s.H, s.W, spec_.IC, spec_.OC, s.OH, s.OW,
+                    spec_.stride_h, spec_.stride_w, w, packed.pointwise,
+                    packed.weight_sums.data(), q};
+      if (s.sum) {  // fuses_sum: NHWC in and out, so dst is y
+        a.sum = true;
+        a.residual_mult = s.sum_scale / s.out_scale;
+        a.residual_offset = -static_cast<float>(s.sum_zp) * a.residual_mult;
+        const bool relu = s.sum_act == QPACK_ACT_RELU, clamp = s.sum_act == QPACK_ACT_CLAMP;
+        output_bounds_u8(relu ? 0.0f : clamp ? s.sum_min : -std::numeric_limits<float>::infinity(),
+                         clamp ? s.sum_max : std::numeric_limits<float>::infinity(), s.out_scale, s.out_zp,
+                         &a.sum_qmin, &a.sum_qmax);
+      }
+      pointwise_u8(a, num_threads());
     }
     if (dst != y) {
       reorder(memory({dst_dims, dt::u8, tag::nhwc}, engine(), dst),

@@ -63,19 +63,23 @@ struct Prepared {
   bool clamp_lo, clamp_hi;  // the bounds the saturating packs do not give
   uint8_t qmin, qmax;
   int64_t groups;  // of 4 inputs
+  bool sum;        // PointwiseU8::sum
+  float residual_mult;
 };
 
 Prepared prepare(const PointwiseU8& a, int64_t padded) {
   auto* base = static_cast<uint8_t*>(own_u8_scratch(0, static_cast<size_t>(padded) * 12));
   Prepared p{reinterpret_cast<int32_t*>(base), reinterpret_cast<float*>(base + padded * 4),
-             reinterpret_cast<float*>(base + padded * 8), true, true, 0, 255, (a.IC + 3) / 4};
+             reinterpret_cast<float*>(base + padded * 8), true, true, 0, 255, (a.IC + 3) / 4, a.sum,
+             a.residual_mult};
   a.q.bounds(&p.qmin, &p.qmax);
   float largest = 0.0f;  // of |acc * mult + offset|
   for (int64_t o = 0; o < padded; ++o) {
     const bool real = o < a.OC;
     p.init[o] = real ? -a.q.src_zero_point * a.weight_sums[o] : 0;
     p.mult[o] = real ? a.q.mult(o) : 0.0f;
-    p.offset[o] = real ? a.q.offset(o) : static_cast<float>(a.q.dst_zero_point);
+    p.offset[o] = real ? a.q.offset(o) + (a.sum ? a.residual_offset : 0.0f)
+                       : static_cast<float>(a.q.dst_zero_point);
     // |acc| <= 255 * 128 * IC: |x - zero point| <= 255, |w| <= 128
     largest = std::max(largest, std::fabs(p.mult[o]) * 255.0f * 128.0f * static_cast<float>(a.IC) +
                                     std::fabs(p.offset[o]));
@@ -84,6 +88,11 @@ Prepared prepare(const PointwiseU8& a, int64_t padded) {
   // (std::isfinite also catches inf / NaN scales, which then clamp as before).
   p.clamp_lo = p.qmin > 0;
   p.clamp_hi = p.qmax < 255 || !(std::isfinite(largest) && largest < 1073741824.0f);
+  if (a.sum) {  // the add's bounds; the sum's size is not bounded by the above
+    p.qmin = a.sum_qmin;
+    p.qmax = a.sum_qmax;
+    p.clamp_lo = p.clamp_hi = true;
+  }
   return p;
 }
 
@@ -95,6 +104,23 @@ template <int J, int R>
 QPACK_PW_TARGET void tile(const uint8_t* const* x, int64_t group_stride, const int8_t* w,
                           const Prepared& p, int64_t o0, int64_t OC, __m512 lo, __m512 hi,
                           uint8_t* const* y, int rows) {
+  // sum: the tile's residual bytes, read before any of its rows is stored
+  // (a row's 64-byte store covers the next pixel's bytes: loads after it
+  // would wait for it) and while the multiply-adds run
+  // (whole 16- or 8-byte moves where they fit: Zen 5's masked moves are slow)
+  __m128i residual[R][J];
+  if (p.sum) {
+    const int64_t valid = std::min<int64_t>(16 * J, OC - o0);
+    for (int r = 0; r < rows; ++r) {
+      for (int j = 0; j < J; ++j) {
+        const int64_t n = std::max<int64_t>(0, std::min<int64_t>(16, valid - 16 * j));
+        const uint8_t* in = y[r] + o0 + 16 * j;
+        residual[r][j] = n == 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(in))
+                         : n == 8 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(in))
+                                  : _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << n) - 1), in);
+      }
+    }
+  }
   __m512i acc[R][J];
   #pragma GCC unroll 24
   for (int j = 0; j < J; ++j) {
@@ -136,6 +162,10 @@ QPACK_PW_TARGET void tile(const uint8_t* const* x, int64_t group_stride, const i
         continue;
       }
       __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), mult[j], offset[j]);
+      if (p.sum) {  // + the residual's bytes of these 16 outputs
+        v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(residual[r][j])),
+                            _mm512_set1_ps(p.residual_mult), v);
+      }
       if (p.clamp_hi) v = _mm512_min_ps(v, hi);
       if (p.clamp_lo) v = _mm512_max_ps(v, lo);
       q[j] = _mm512_cvtps_epi32(v);  // half to even

@@ -45,6 +45,14 @@ struct PointwiseU8 {
   PointwiseWeights wl;
   const int32_t* weight_sums;  // OC sums over the inputs
   RequantU8 q;
+  // sum (a graph's residual add fused in, ConvShape::sum): y holds u8 values
+  // on entry, each output is acc * mult + offset + residual_mult * y +
+  // residual_offset in q's output quanta (q's dst: the add's output; q has no
+  // clamp of its own), clamped to [sum_qmin, sum_qmax] (the add's activation),
+  // then rounded: the residual is read before its pixel is written.
+  bool sum = false;
+  float residual_mult = 0.0f, residual_offset = 0.0f;
+  uint8_t sum_qmin = 0, sum_qmax = 255;
 };
 
 // The layout of a packed weight [OC, IC, 1, 1] this kernel reads, from its
