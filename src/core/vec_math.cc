@@ -313,7 +313,9 @@ QPACK_AVX512 void softmax_row512(float* x, int64_t n) {
 // 16 floats of x (the lanes of m; zeros elsewhere) quantized as quantize512:
 // their bytes.
 QPACK_AVX512 inline __m128i round_u8_16(const float* x, __mmask16 m, __m512 inv, __m512 zp) {
-  return _mm512_cvtepi32_epi8(round_u8(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x), inv), zp));
+  // a whole vector unmasked: Zen 5's masked moves cost even under a full mask
+  const __m512 v = m == 0xFFFF ? _mm512_loadu_ps(x) : _mm512_maskz_loadu_ps(m, x);
+  return _mm512_cvtepi32_epi8(round_u8(_mm512_mul_ps(v, inv), zp));
 }
 
 // Pixels [p0, p1) of an NCHW image of C <= 4 float planes (HW values each)
@@ -334,9 +336,20 @@ QPACK_AVX512VBMI void quantize_interleave512(const float* x, int64_t C, int64_t 
     planes = _mm512_inserti32x4(planes, C > 1 ? round_u8_16(x + HW + p, m, inv, zp) : zero, 1);
     planes = _mm512_inserti32x4(planes, C > 2 ? round_u8_16(x + 2 * HW + p, m, inv, zp) : zero, 2);
     planes = _mm512_inserti32x4(planes, C > 3 ? round_u8_16(x + 3 * HW + p, m, inv, zp) : zero, 3);
+    const __m512i pixels = _mm512_permutexvar_epi8(perm, planes);
+    uint8_t* o = y + p * C;
+    if (n == 16) {  // 16 C bytes in whole 64-, 32- and 16-byte stores
+      if (C == 4) {
+        _mm512_storeu_si512(o, pixels);
+        continue;
+      }
+      if (C >= 2) _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm512_castsi512_si256(pixels));
+      if (C == 1) _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm512_castsi512_si128(pixels));
+      if (C == 3) _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32), _mm512_extracti32x4_epi32(pixels, 2));
+      continue;
+    }
     const int64_t bytes = n * C;
-    const __mmask64 out = bytes >= 64 ? ~__mmask64(0) : (__mmask64(1) << bytes) - 1;
-    _mm512_mask_storeu_epi8(y + p * C, out, _mm512_permutexvar_epi8(perm, planes));
+    _mm512_mask_storeu_epi8(o, (__mmask64(1) << bytes) - 1, pixels);
   }
 }
 
