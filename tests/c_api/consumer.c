@@ -322,6 +322,68 @@ static void test_graph(void) {
          "graph: refuses a value read before it is produced");
 }
 
+/* A residual add run inside its convolution (f32, oneDNN's sum post-op):
+ * r = relu(x), h = clamp(x, -1, 1), c = conv1x1(h), y = relu(c + r),
+ * out = clamp(y, 0, 1). The add's node names the convolution, the caller's
+ * input is untouched, and the values are the ops' one by one within float
+ * rounding. */
+static void test_graph_fused_add(void) {
+  enum { C = 16, H = 3, W = 5, P = H * W };
+  float w[C * C], x[C * P], x0[C * P], out[C * P];
+  for (int i = 0; i < C * C; ++i) w[i] = (float)((i * 37) % 19 - 9) / 16.0f;
+  for (int i = 0; i < C * P; ++i) x0[i] = x[i] = (float)((i * 13) % 23 - 11) / 8.0f;
+  qpack_conv2d_params cp;
+  qpack_conv2d_params_init(&cp);
+  cp.in_channels = cp.out_channels = C;
+  cp.kernel_h = cp.kernel_w = 1;
+  cp.mode = QPACK_MODE_F32;
+  cp.weight = w;
+  qpack_conv2d* conv = NULL;
+  EXPECT(qpack_conv2d_create(&cp, &conv) == QPACK_STATUS_SUCCESS, "fused add: conv");
+  qpack_graph_value values[6];
+  for (int i = 0; i < 6; ++i) values[i] = (qpack_graph_value){QPACK_DTYPE_F32, 0, 0};
+  qpack_graph_node nodes[5];
+  memset(nodes, 0, sizeof(nodes));
+  nodes[0] = (qpack_graph_node){.kind = QPACK_NODE_ACTIVATION, .inputs = {0}, .num_inputs = 1, .output = 1,
+                                .activation = QPACK_ACT_RELU};
+  nodes[1] = (qpack_graph_node){.kind = QPACK_NODE_ACTIVATION, .inputs = {0}, .num_inputs = 1, .output = 2,
+                                .activation = QPACK_ACT_CLAMP, .act_min = -1.0f, .act_max = 1.0f};
+  nodes[2] = (qpack_graph_node){.kind = QPACK_NODE_CONV2D, .inputs = {2}, .num_inputs = 1, .output = 3, .conv = conv};
+  nodes[3] = (qpack_graph_node){.kind = QPACK_NODE_ADD, .inputs = {3, 1}, .num_inputs = 2, .output = 4,
+                                .activation = QPACK_ACT_RELU};
+  nodes[4] = (qpack_graph_node){.kind = QPACK_NODE_ACTIVATION, .inputs = {4}, .num_inputs = 1, .output = 5,
+                                .activation = QPACK_ACT_CLAMP, .act_min = 0.0f, .act_max = 1.0f};
+  int32_t in_v = 0, out_v = 5;
+  qpack_graph_params gp = {6, values, 5, nodes, 1, &in_v, 1, &out_v};
+  qpack_graph* g = NULL;
+  EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_SUCCESS && g != NULL, "fused add: create");
+  qpack_tensor ti = {QPACK_DTYPE_F32, 4, {1, C, H, W}, QPACK_LAYOUT_NCHW, x};
+  qpack_tensor to = {QPACK_DTYPE_F32, 4, {1, C, H, W}, QPACK_LAYOUT_NCHW, out};
+  EXPECT(qpack_graph_run(g, 1, &ti, 1, &to) == QPACK_STATUS_SUCCESS, "fused add: run");
+  char where[128];
+  EXPECT(qpack_graph_node_backend(g, 3, where, sizeof(where)) == QPACK_STATUS_SUCCESS &&
+             strcmp(where, "onednn (sum post-op of node 2)") == 0,
+         "fused add: the add runs in node 2 (%s)", where);
+  double worst = 0.0;
+  for (int o = 0; o < C; ++o) {
+    for (int q = 0; q < P; ++q) {
+      double c = 0.0;
+      for (int i = 0; i < C; ++i) {
+        const double h = x0[i * P + q] < -1 ? -1 : x0[i * P + q] > 1 ? 1 : x0[i * P + q];
+        c += (double)w[o * C + i] * h;
+      }
+      double y = c + (x0[o * P + q] > 0 ? x0[o * P + q] : 0.0);
+      y = y < 0 ? 0 : y > 1 ? 1 : y;
+      const double d = fabs(y - (double)out[o * P + q]);
+      worst = d > worst ? d : worst;
+    }
+  }
+  EXPECT(worst < 1e-5, "fused add: values (worst difference %g)", worst);
+  EXPECT(memcmp(x, x0, sizeof(x)) == 0, "fused add: the caller's input is untouched");
+  qpack_graph_destroy(g);
+  qpack_conv2d_destroy(conv);
+}
+
 /* PReLU (two slopes) then a nearest x2 resize, f32 [1, 2, 1, 2] NCHW: exact values;
  * slopes of the wrong count and a resize to size 0 are refused with a message. */
 static void test_graph_prelu_resize(void) {
@@ -433,6 +495,11 @@ int main(void) {
   test_retain_policy();
   test_threads();
   test_graph();
+  if (have_mode(1, QPACK_MODE_F32)) {
+    test_graph_fused_add();
+  } else {
+    printf("skip the fused add: no backend of this build has f32 convolutions\n");
+  }
   test_graph_prelu_resize();
   test_attention();
   printf("c_api: %d passed, %d failed\n", passes, failures);

@@ -403,6 +403,13 @@ QPACK_API qpack_status qpack_conv2d_get_stats(const qpack_conv2d* conv,
  * QNNPACK's own operators where it takes their parameters
  * (qpack_graph_node_backend says which), with QNNPACK's rounding: within one
  * quantum of the above (src/backends/qnnpack/graph_ops.cc documents each).
+ * An ADD whose one input a CONV2D makes for it alone and whose other input
+ * is dead after it may run inside that convolution (the backend's sum: the
+ * convolution adds into the other input's buffer); in u8 the convolution's
+ * own output is then not rounded, which is done only where that moves the
+ * add's result by at most one quantum (the convolution's scale at most twice
+ * the add's); qpack_graph_node_backend names the convolution, and
+ * QPACK_GRAPH_FUSE_ADD=0 in the environment keeps every add apart.
  *
  * Threads: runs take no lock; each call has its own workspace (buffers
  * planned by liveness). Plans are cached per input shape (8 at most).
@@ -557,7 +564,10 @@ QPACK_API qpack_status qpack_graph_get_info(const qpack_graph* graph, qpack_grap
  * parameters), or "qpack" (qpack's C++ code). A node QNNPACK takes for some
  * of the input shapes planned so far reads "qnnpack, qpack for some shapes".
  * QPACK_GRAPH_BACKEND_OPS=0 in the environment at graph creation keeps every
- * such node in qpack's C++ code. */
+ * such node in qpack's C++ code. An ADD run inside a convolution reads
+ * "onednn (sum post-op of node K)" (K: the convolution's index; ", qpack for
+ * some shapes" after it where some plans keep it apart): 128 bytes hold
+ * every answer. */
 QPACK_API qpack_status qpack_graph_node_backend(const qpack_graph* graph, int32_t index, char* buf,
                                                 size_t size);
 
