@@ -587,8 +587,8 @@ class OnednnConv final : public ConvKernel {
       };
       auto prim = [&](const dnnl::convolution_forward::primitive_desc& pd, bool via_nhwc, memory wei) {
         return Prim{packed, s.N, s.H, s.W, s.x_layout, s.y_layout, s.post_act, s.post_min, s.post_max,
-                    s.sum, s.sum_act, s.sum_min, s.sum_max, s.sum_scale, s.sum_zp, via_nhwc, split, wanted_zps, zps, wei, dnnl::convolution_forward(pd),
-                    pd.scratchpad_desc().get_size()};
+                    s.sum, s.sum_act, s.sum_min, s.sum_max, s.sum_scale, s.sum_zp, via_nhwc, split,
+                    wanted_zps, zps, wei, dnnl::convolution_forward(pd), pd.scratchpad_desc().get_size()};
       };
       memory wei;
       if (plain_nchw) {
