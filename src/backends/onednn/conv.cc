@@ -318,7 +318,7 @@ class OnednnConv final : public ConvKernel {
   //   (no clamp of its own; relu / clamp after the add): ResNet-50's 1x1
   //   256 @56^2 168 -> 136 us, 512 @28^2 130 -> 120, 1024 @14^2 119 -> 116;
   //   ResNet-18's 3x3 brgconv adds 0-17 us each below the pair's time (five
-  //   adds, 1259 -> 1216 us); MobileNetV2's projections even (+-2 us).
+  //   adds, 1249 -> 1216 us); MobileNetV2's projections even (+-2 us).
   bool fuses_sum(const ConvShape& s) const override {
     dnnl::algorithm alg;
     float alpha, beta;
