@@ -1025,24 +1025,7 @@ void Graph::fuse_adds(GraphPlan* p) const {
       }
       if (read_late) continue;
       if (u8 && !(values_[c].scale <= 2.0f * y.scale)) continue;
-      const Shape& xs = p->shapes[nodes_[i].in[0]];
-      ConvShape s{xs.d[0], xs.d[2], xs.d[3], p->shapes[c].d[2], p->shapes[c].d[3],
-                  p->nchw[nodes_[i].in[0]] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC, QPACK_LAYOUT_NHWC};
-      s.post_act = nodes_[i].act;
-      s.post_min = nodes_[i].act_min;
-      s.post_max = nodes_[i].act_max;
-      s.sum = true;
-      s.sum_act = add.act;
-      s.sum_min = add.act_min;
-      s.sum_max = add.act_max;
-      if (u8) {
-        s.post_act = QPACK_ACT_NONE;  // a u8 layer's own activation is its spec's
-        s.sum_scale = values_[r].scale;
-        s.sum_zp = values_[r].zero_point;
-        s.out_scale = y.scale;
-        s.out_zp = y.zero_point;
-      }
-      if (!nodes_[i].conv->kernel().fuses_sum(s)) continue;
+      if (!nodes_[i].conv->kernel().fuses_sum(conv_shape(nodes_[i], *p, j))) continue;
       p->fused_add[static_cast<size_t>(i)] = j;
       p->fused_add[static_cast<size_t>(j)] = i;
       break;
@@ -1193,6 +1176,34 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
     }
     default: return y;  // elementwise
   }
+}
+
+ConvShape Graph::conv_shape(const GraphNode& n, const GraphPlan& plan, int add) const {
+  const Shape& xs = plan.shapes[n.in[0]];
+  const Shape& ys = plan.shapes[n.out];
+  // rank 3: [N, C, L] row-major is NCHW with height 1, in and out
+  ConvShape s = xs.rank == 3 ? ConvShape{xs.d[0], 1, xs.d[2], 1, ys.d[2], QPACK_LAYOUT_NCHW, QPACK_LAYOUT_NCHW}
+                             : ConvShape{xs.d[0], xs.d[2], xs.d[3], ys.d[2], ys.d[3],
+                                         plan.nchw[n.in[0]] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC,
+                                         plan.nchw[n.out] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC};
+  if (values_[n.out].dtype == QPACK_DTYPE_F32) {  // a u8 layer's own activation is its spec's
+    s.post_act = n.act;
+    s.post_min = n.act_min;
+    s.post_max = n.act_max;
+  }
+  if (add >= 0) {  // y holds the add's other operand (fuse_adds, make_plan)
+    const GraphNode& a = nodes_[static_cast<size_t>(add)];
+    const GraphValue& r = values_[a.in[0] == n.out ? a.in[1] : a.in[0]];
+    s.sum = true;
+    s.sum_act = a.act;
+    s.sum_min = a.act_min;
+    s.sum_max = a.act_max;
+    s.sum_scale = r.scale;
+    s.sum_zp = r.zero_point;
+    s.out_scale = values_[a.out].scale;
+    s.out_zp = values_[a.out].zero_point;
+  }
+  return s;
 }
 
 bool Graph::planar_conv(const GraphNode& n, const std::vector<Shape>& shapes) const {
@@ -1512,34 +1523,12 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
 
   switch (n.kind) {
     case QPACK_NODE_CONV2D: {
-      // rank 3: [N, C, L] row-major is NCHW with height 1, in and out
-      const bool one_d = xs.rank == 3;
-      const ConvShape s = one_d ? ConvShape{xs.d[0], 1, xs.d[2], 1, ys.d[2], QPACK_LAYOUT_NCHW,
-                                            QPACK_LAYOUT_NCHW}
-                                : ConvShape{xs.d[0], xs.d[2], xs.d[3], ys.d[2], ys.d[3],
-                                            plan.nchw[n.in[0]] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC,
-                                            plan.nchw[n.out] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC};
-      ConvShape fused = s;
-      const int add = plan.fused_add[static_cast<size_t>(&n - nodes_.data())];
-      if (add >= 0) {  // y holds the add's other operand (make_plan, fuse_adds)
-        const GraphNode& a = nodes_[static_cast<size_t>(add)];
-        const GraphValue& r = values_[a.in[0] == n.out ? a.in[1] : a.in[0]];
-        fused.sum = true;
-        fused.sum_act = a.act;
-        fused.sum_min = a.act_min;
-        fused.sum_max = a.act_max;
-        fused.sum_scale = r.scale;
-        fused.sum_zp = r.zero_point;
-        fused.out_scale = values_[a.out].scale;
-        fused.out_zp = values_[a.out].zero_point;
-      }
+      // the shape fuse_adds asked the kernel about, with the add it planned
+      const ConvShape s = conv_shape(n, plan, plan.fused_add[static_cast<size_t>(&n - nodes_.data())]);
       if (u8) {
-        n.conv->kernel().run_u8(fused, x, qx.scale, qx.zp, y);
+        n.conv->kernel().run_u8(s, x, qx.scale, qx.zp, y);
       } else {
-        fused.post_act = n.act;
-        fused.post_min = n.act_min;
-        fused.post_max = n.act_max;
-        n.conv->kernel().run_f32(fused, xf, yf);
+        n.conv->kernel().run_f32(s, xf, yf);
       }
       return;
     }

@@ -108,6 +108,9 @@ class Graph {
   bool planar_conv(const GraphNode& n, const std::vector<Shape>& shapes) const;
   // Sets plan->fused_add: residual adds their convolution runs as its sum post-op.
   void fuse_adds(GraphPlan* plan) const;
+  // How convolution node n runs in plan: its layouts, its f32 activation, and
+  // add node `add` fused in (ConvShape::sum) where add >= 0.
+  ConvShape conv_shape(const GraphNode& n, const GraphPlan& plan, int add) const;
   void run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* ptrs) const;
   // The backend of the static int8 ops (when they agree) and its operators
   // for the u8 nodes it takes (GraphNode::backend_op).
