@@ -410,10 +410,10 @@ struct MaxF32x16 {
   static constexpr int64_t kLanes = 16;
   QPACK_AVX512 static M mask(int64_t n) { return M((1u << n) - 1); }
   QPACK_AVX512 static V load(const T* p) { return _mm512_loadu_ps(p); }
-  QPACK_AVX512 static V load(M m, const T* p) { return load16(m, p); }
+  QPACK_AVX512 static V load(M m, const T* p) { return _mm512_maskz_loadu_ps(m, p); }
   QPACK_AVX512 static V max(V p, V a) { return _mm512_max_ps(p, a); }
   QPACK_AVX512 static void store(T* p, V a) { _mm512_storeu_ps(p, a); }
-  QPACK_AVX512 static void store(M m, T* p, V a) { store16(p, m, a); }
+  QPACK_AVX512 static void store(M m, T* p, V a) { _mm512_mask_storeu_ps(p, m, a); }
 };
 
 // o[c] = the max of the kh x kw pixels of C channels from x (rows `row`
