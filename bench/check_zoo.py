@@ -1,9 +1,10 @@
 """Freeze coverage on models of other packages (torchvision, timm): no timing.
 
-    .venv/bin/python bench/check_zoo.py --lib DIR tv:swin_t timm:cait_xxs24_224 ...
+    .venv/bin/python bench/check_zoo.py --lib DIR [--backend qnnpack] tv:swin_t timm:cait_xxs24_224 ...
 
 For each model (random weights given trained-like BatchNorm statistics,
-bench/models.py), fp32 and static int8 (oneDNN, calibrated on 2 batches), one
+bench/models.py), fp32 and static int8 (oneDNN, or QNNPACK with
+``--backend qnnpack``; calibrated on 2 batches), one
 line: how many core graphs it freezes to, its relative error against eager on
 one batch (``--batch`` images, 1 by default), and how many segments ran their ops in PyTorch instead of the core
 on that batch (graph_report's "ran its ops in PyTorch instead" lines, with the
@@ -42,7 +43,7 @@ def main():
             cells = []
             with torch.inference_mode():
                 ref = model(x)
-            for label, kw in (("fp32", {}), ("int8", dict(dtype="int8", backend="onednn", example_inputs=calib))):
+            for label, kw in (("fp32", {}), ("int8", dict(dtype="int8", backend=args.backend, example_inputs=calib))):
                 frozen = qpack.freeze(model, progress=False, **kw)
                 with torch.inference_mode():
                     err = rel(frozen(x), ref)

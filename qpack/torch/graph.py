@@ -430,6 +430,11 @@ class _Lowering:
             x, parts, index, groups = node.args
             self.emit_checked(node, "channels", [x], kernel=(parts, index), stride=(groups, 1))
             return
+        if node.op == "call_function" and node.target is last_dim_affine:
+            x, scale, shift = (node.args[0], *(_attr_tensor(self.gm, a) for a in node.args[1:]))
+            self.emit_checked(node, "affine", [x], scale=scale.detach().float().reshape(-1).numpy().copy(),
+                              shift=shift.detach().float().reshape(-1).numpy().copy(), dim=-1)
+            return
         if node.op == "call_function" and node.target is channel_scale:
             x, scale = node.args
             t = _attr_tensor(self.gm, scale)
@@ -681,6 +686,14 @@ def layer_norm2d(x, weight, bias, eps):
     return F.layer_norm(x.permute(0, 2, 3, 1), (x.shape[1],), weight, bias, eps).permute(0, 3, 1, 2)
 
 
+def last_dim_affine(x, scale, shift):
+    """``x * scale + shift`` for constants of the last dim's size: what canonicalize()
+    rewrites an eval BatchNorm1d over a rank-3 value's flattened rows to (timm's
+    LeViT: ``bn(x.flatten(0, 1)).reshape_as(x)`` after each Linear); the core runs
+    it as one ``affine`` node over the last dim."""
+    return x * scale + shift
+
+
 def channel_scale(x, scale):
     """``x * scale.reshape(1, -1, 1, 1)`` for a constant ``scale`` of C values
     (ConvNeXt's layer scale): what canonicalize() rewrites that spelling to; the
@@ -843,7 +856,7 @@ _RANK3_MODULES = (FrozenConv1d, nn.Conv1d, nn.MaxPool1d, nn.AvgPool1d, nn.Adapti
 _SAME_RANK_FUNCS = {F.relu, torch.relu, F.relu_, torch.relu_, F.relu6, F.hardtanh, F.hardtanh_, F.hardswish,
                     torch.sigmoid, F.silu, F.gelu, F.hardsigmoid, F.leaky_relu, torch.tanh, F.dropout, F.dropout2d,
                     F.layer_norm, F.group_norm, F.interpolate, F.max_pool2d, F.avg_pool2d, torch.clamp, channel_part, channel_range,
-                    layer_norm2d, channel_scale,
+                    layer_norm2d, channel_scale, last_dim_affine,
                     operator.add, operator.iadd, torch.add, operator.mul, operator.imul, torch.mul,
                     operator.sub, operator.isub, torch.sub, operator.truediv, operator.itruediv, torch.div, torch.cat}
 _SAME_RANK_METHODS = {"relu", "relu_", "sigmoid", "clamp", "clamp_", "contiguous", "add", "add_", "mul", "mul_",
@@ -1136,10 +1149,53 @@ def _attr_tensor(gm, a):
     return t if isinstance(t, torch.Tensor) else None
 
 
+# the most bytes a constant computed at freeze (an index of a table, below) may take
+_FOLDED_CONSTANT_BYTES = 16 << 20
+
+
+def _constant_index(gm, index):
+    """An index made of constants only (ints, None, Ellipsis, slices of ints, tensors
+    the module holds, tuples of those) as PyTorch takes it, else raises LookupError."""
+    if isinstance(index, torch.fx.Node):
+        t = _attr_tensor(gm, index)
+        if t is None:
+            raise LookupError(index)
+        return t
+    if isinstance(index, tuple):
+        return tuple(_constant_index(gm, i) for i in index)
+    if isinstance(index, slice):
+        parts = (index.start, index.stop, index.step)
+        if not all(p is None or type(p) is int for p in parts):
+            raise LookupError(index)
+        return index
+    if index is None or index is Ellipsis or type(index) is int:
+        return index
+    raise LookupError(index)
+
+
 def _constant_view(gm, a):
-    """The tensor a get_attr node names, or a view / reshape of one by constant sizes
-    (timm's metaformer Scale: ``self.scale.view(self.shape)``), else None."""
+    """The tensor a get_attr node names, a view / reshape of one by constant sizes
+    (timm's metaformer Scale: ``self.scale.view(self.shape)``), or an index of one by
+    constants with a tensor among them (timm's LeViT:
+    ``self.attention_biases[:, self.attention_bias_idxs]``, a table gathered at every
+    call; at most _FOLDED_CONSTANT_BYTES), else None."""
     t = _attr_tensor(gm, a)
+    if (t is None and isinstance(a, torch.fx.Node) and a.op == "call_function" and a.target is operator.getitem
+            and len(a.args) == 2 and not a.kwargs):
+        base = _attr_tensor(gm, a.args[0])
+        try:
+            index = _constant_index(gm, a.args[1])
+        except LookupError:
+            return None
+        flat = index if isinstance(index, tuple) else (index,)
+        if base is None or not any(isinstance(i, torch.Tensor) for i in flat):
+            return None  # a basic slice stays a view of the module's tensor, not a copy
+        with torch.no_grad():
+            try:
+                t = base.detach()[index]
+            except (IndexError, RuntimeError, TypeError):
+                return None
+        return t.clone() if t.numel() * t.element_size() <= _FOLDED_CONSTANT_BYTES else None
     if t is not None or not (isinstance(a, torch.fx.Node) and a.op == "call_method"
                              and a.target in ("view", "reshape") and len(a.args) >= 2 and not a.kwargs):
         return t
@@ -1150,6 +1206,29 @@ def _constant_view(gm, a):
         return base.reshape(shape)
     except RuntimeError:
         return None
+
+
+def _flat_rows_bn(node, modules):
+    """(x, the BatchNorm1d, the flatten node) when node is ``bn(x.flatten(0, 1)).reshape_as(x)``
+    for an eval BatchNorm1d over x's last dim and x of rank 3 (the flattened rows
+    [B * N, C]: the BatchNorm normalizes C), neither in-between value read elsewhere;
+    else None."""
+    if not (node.op == "call_method" and node.target == "reshape_as" and len(node.args) == 2 and not node.kwargs):
+        return None
+    b, x = node.args
+    m = modules.get(b.target) if isinstance(b, torch.fx.Node) and b.op == "call_module" else None
+    if not (isinstance(m, nn.BatchNorm1d) and not m.training and m.track_running_stats
+            and m.running_mean is not None and len(b.args) == 1 and not b.kwargs and len(b.users) == 1):
+        return None
+    flat = b.args[0]
+    if not (isinstance(flat, torch.fx.Node) and len(flat.users) == 1 and flat.args and flat.args[0] is x
+            and rank_of(x) == 3):
+        return None
+    spelled = (flat.op == "call_method" and flat.target == "flatten") or (
+        flat.op == "call_function" and flat.target is torch.flatten)
+    if not spelled or (_dim_arg(flat, 1, "start_dim", 0), _dim_arg(flat, 2, "end_dim", -1)) not in ((0, 1), (0, -2)):
+        return None
+    return x, m, flat
 
 
 def _bn_affine(mean, var, weight, bias, eps):
@@ -1326,7 +1405,8 @@ def canonicalize(gm):
       view back) and x.chunk(n, 1)[i] -> channel_part();
     - F.interpolate(x, size=y.shape[-2:]) (torchvision's FPN) -> resize_like();
     - negative dims of torch.cat and mean made positive where the rank is known;
-    - a view or reshape of a constant by constant sizes -> a constant;
+    - a view or reshape of a constant by constant sizes, and an index of a constant
+      by constant tensors (a bias table gathered at every call) -> a constant;
     - F.scaled_dot_product_attention -> qpack.torch.attention's (the core's
       kernel where it applies, PyTorch's call otherwise).
     Every rewrite computes what the spelling did, in PyTorch too."""
@@ -1350,15 +1430,22 @@ def canonicalize(gm):
         if node.op == "call_function" and node.target in _SDPA:
             node.target = _attention.scaled_dot_product_attention
             continue
-        if node.op == "call_method" and (t := _constant_view(gm, node)) is not None and node.args[0].op == "get_attr":
-            # a constant's view by constant sizes (timm's metaformer Scale) is a constant too
+        if node.op in ("call_method", "call_function") and node.args and isinstance(node.args[0], torch.fx.Node) \
+                and node.args[0].op == "get_attr" and (t := _constant_view(gm, node)) is not None:
+            # a constant's view by constant sizes (timm's metaformer Scale) or its index by
+            # constants (LeViT's attention biases) is a constant too
             name = f"_qpack_constant_{len(erased)}_{node.name}"
             gm.register_buffer(name, t, persistent=False)
             with g.inserting_after(node.args[0]):  # beside its base: not an op between ops
                 new = g.get_attr(name)
             node.replace_all_uses_with(new)
+            reads = [a for a in node.all_input_nodes if a.op == "get_attr"]
             g.erase_node(node)
             erased.add(node)
+            for a in reads:  # the table and its index, read by nothing else now
+                if not a.users and a not in erased:
+                    g.erase_node(a)
+                    erased.add(a)
             continue
         node.meta["qpack_rank"] = _rank(node, modules)
         shapes.visit(node)
@@ -1413,6 +1500,23 @@ def canonicalize(gm):
                 new.meta["qpack_rank"], new.meta["qpack_channels"] = rank_of(x), count
             g.erase_node(node)
             erased.add(node)
+            continue
+        elif (bn := _flat_rows_bn(node, modules)) is not None:
+            x, mod, flat = bn
+            scale, shift = _bn_affine(mod.running_mean, mod.running_var, mod.weight, mod.bias, mod.eps)
+            consts = []
+            first_op = next(n for n in g.nodes if n.op != "placeholder")
+            for what, t in (("scale", scale), ("shift", shift)):
+                name = f"_qpack_{what}_{len(erased)}_{node.name}"
+                gm.register_buffer(name, t.float(), persistent=False)
+                with g.inserting_before(first_op):  # with the inputs: not an op between ops
+                    consts.append(g.get_attr(name))
+            bn_node = node.args[0]
+            new = replace(node, last_dim_affine, (x, *consts))
+            new.meta["qpack_rank"] = 3
+            for dead in (bn_node, flat):
+                g.erase_node(dead)
+                erased.add(dead)
             continue
         elif node.op == "call_method" and node.target == "squeeze" and not node.kwargs and len(node.args) == 2:
             # [N, C, 1] -> [N, C], and [N, C, 1, 1] squeezed twice

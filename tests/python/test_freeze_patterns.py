@@ -257,3 +257,90 @@ def test_a_constant_broadcast_over_the_batch_stays_in_pytorch(batch):
     with torch.no_grad():
         assert rel_err(frozen(x), model(x)) < 1e-5
     assert "in PyTorch instead" not in qpack.graph_report(frozen)
+
+
+class TokenBatchNorm(nn.Module):
+    """LeViT's LinearNorm and its attention: a Linear then BatchNorm1d over the flattened
+    tokens (``bn(x.flatten(0, 1)).reshape_as(x)``), and a bias table gathered by an index
+    buffer at every call (``biases[:, idxs]``) added to the attention scores."""
+
+    def __init__(self, c=16, heads=2, n=16):
+        super().__init__()
+        self.embed = nn.Conv2d(3, c, 4, 4)
+        self.qkv, self.bn_qkv = nn.Linear(c, 3 * c, bias=False), nn.BatchNorm1d(3 * c)
+        self.proj, self.bn_proj = nn.Linear(c, c, bias=False), nn.BatchNorm1d(c)
+        self.biases = nn.Parameter(torch.randn(heads, 7))
+        self.register_buffer("idxs", torch.randint(0, 7, (n, n)))
+        self.heads = heads
+
+    def forward(self, x):
+        t = self.embed(x).flatten(2).transpose(1, 2)
+        b, n, c = t.shape
+        qkv = self.qkv(t)
+        qkv = self.bn_qkv(qkv.flatten(0, 1)).reshape_as(qkv)
+        q, k, v = qkv.view(b, n, self.heads, -1).split([c // 2] * 3, dim=3)
+        q, k, v = q.permute(0, 2, 1, 3), k.permute(0, 2, 3, 1), v.permute(0, 2, 1, 3)
+        attn = (q @ k) * 0.5 + self.biases[:, self.idxs]
+        t = t + (attn.softmax(-1) @ v).transpose(1, 2).reshape(b, n, c)
+        y = self.proj(F.hardswish(t))
+        return t + self.bn_proj(y.flatten(0, 1)).reshape_as(y)
+
+
+def _trained_bn(model):
+    g = torch.Generator().manual_seed(1)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm1d):
+            m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.2)
+            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+            m.weight.data.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+            m.bias.data.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+    return model
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_token_batch_norm_and_a_gathered_bias_table_run_in_the_core(dtype):
+    """LeViT's BatchNorm1d over flattened tokens becomes an affine over the last dim in the
+    Linear's segment (before, flatten(0, 1), the BatchNorm and reshape_as ran in PyTorch:
+    48 segments on timm's levit_128s); its bias table gathered by an index buffer becomes
+    a constant computed at freeze (no index op left); eager's values either way."""
+    torch.manual_seed(0)
+    model = _trained_bn(TokenBatchNorm()).eval()
+    x = torch.randn(2, 3, 16, 16)
+    kw = dict(dtype="int8", example_inputs=[torch.randn(2, 3, 16, 16) for _ in range(3)]) if dtype else {}
+    frozen = qpack.freeze(model, progress=False, **kw)
+    with torch.no_grad():
+        assert rel_err(frozen(x), model(x)) < (0.05 if dtype else 1e-5)
+    runner = G.runner_of(frozen)
+    code = runner._gm.code
+    assert not any(s in code for s in ("self.idxs", ".flatten(0, 1)", ".reshape_as(", "self.bn_"))
+    kinds = [n["kind"] for s in runner._segments for n in s.spec["nodes"]]
+    assert kinds.count("affine") == 2 and "in PyTorch instead" not in qpack.graph_report(frozen)
+    model.biases.data.mul_(-3.0)  # a snapshot: the folded table does not follow the source
+    with torch.no_grad():
+        assert rel_err(frozen(x), model(x)) > 1e-3
+
+
+def test_batch_norm_over_another_dim_after_flatten_stays_in_pytorch():
+    """flatten(0, 1) of a rank-4 value leaves [B * H, W, C]: BatchNorm1d then normalizes W,
+    not the last dim (here W == C, so eager runs): not rewritten, eager's values; an index
+    by a basic slice stays a view (not a constant copy of the module's tensor)."""
+
+    class Rank4(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.bn = nn.Conv2d(3, 4, 1), nn.BatchNorm1d(4)
+            self.table = nn.Parameter(torch.randn(8))
+
+        def forward(self, x):
+            y = self.c(x).permute(0, 2, 3, 1)  # [B, H, 4, 4]
+            return self.bn(y.flatten(0, 1)).reshape_as(y) + self.table[:4]
+
+    torch.manual_seed(0)
+    model = _trained_bn(Rank4()).eval()
+    frozen = qpack.freeze(model, progress=False)
+    x = torch.randn(2, 3, 5, 4)
+    with torch.no_grad():
+        assert rel_err(frozen(x), model(x)) < 1e-5
+    runner = G.runner_of(frozen)
+    code = runner._gm.code if runner._gm is not None else ""
+    assert "flatten(0, 1)" in code and "table" in code
