@@ -13,7 +13,7 @@ from torch import nn
 import qpack
 from qpack.torch import graph as G
 
-from test_graph import rel_err
+from test_graph import randomize_bn, rel_err
 
 
 class AttentionBlock(nn.Module):
@@ -286,17 +286,6 @@ class TokenBatchNorm(nn.Module):
         return t + self.bn_proj(y.flatten(0, 1)).reshape_as(y)
 
 
-def _trained_bn(model):
-    g = torch.Generator().manual_seed(1)
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm1d):
-            m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.2)
-            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-            m.weight.data.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-            m.bias.data.copy_(torch.randn(m.num_features, generator=g) * 0.1)
-    return model
-
-
 @pytest.mark.parametrize("dtype", [None, "int8"])
 def test_token_batch_norm_and_a_gathered_bias_table_run_in_the_core(dtype):
     """LeViT's BatchNorm1d over flattened tokens becomes an affine over the last dim in the
@@ -304,7 +293,7 @@ def test_token_batch_norm_and_a_gathered_bias_table_run_in_the_core(dtype):
     48 segments on timm's levit_128s); its bias table gathered by an index buffer becomes
     a constant computed at freeze (no index op left); eager's values either way."""
     torch.manual_seed(0)
-    model = _trained_bn(TokenBatchNorm()).eval()
+    model = randomize_bn(TokenBatchNorm(), (nn.BatchNorm1d,)).eval()
     x = torch.randn(2, 3, 16, 16)
     kw = dict(dtype="int8", example_inputs=[torch.randn(2, 3, 16, 16) for _ in range(3)]) if dtype else {}
     frozen = qpack.freeze(model, progress=False, **kw)
@@ -336,7 +325,7 @@ def test_batch_norm_over_another_dim_after_flatten_stays_in_pytorch():
             return self.bn(y.flatten(0, 1)).reshape_as(y) + self.table[:4]
 
     torch.manual_seed(0)
-    model = _trained_bn(Rank4()).eval()
+    model = randomize_bn(Rank4(), (nn.BatchNorm1d,)).eval()
     frozen = qpack.freeze(model, progress=False)
     x = torch.randn(2, 3, 5, 4)
     with torch.no_grad():

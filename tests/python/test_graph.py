@@ -45,10 +45,10 @@ def freeze_args(dtype, shape):
     return dict(dtype="int8", example_inputs=[torch.randn(*shape) for _ in range(3)], backend=BACKENDS[0])
 
 
-def randomize_bn(model):
+def randomize_bn(model, types=(nn.BatchNorm2d,)):
     g = torch.Generator().manual_seed(7)
     for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
+        if isinstance(m, types):
             m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
             m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
             m.weight.data.copy_(torch.rand(m.num_features, generator=g) + 0.5)
