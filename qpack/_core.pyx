@@ -75,11 +75,14 @@ def choose_qparams_u8(float lo, float hi, int32_t qmax=255):
     return float(scale), int(zp)
 
 
-def attention_f32(q, k, v, out, float scale, bint causal=False):
-    """out = softmax(scale q k^T) v per batch and head (qpack_attention_f32). q, k, v, out:
-    float32 numpy arrays [B, H, rows, D] with contiguous rows (any strides above)."""
-    cdef int64_t qs[3], ks[3], vs[3], os_[3]
-    for name, a in (("q", q), ("k", k), ("v", v), ("out", out)):
+def attention_f32(q, k, v, out, float scale, bint causal=False, mask=None):
+    """out = softmax(scale q k^T [+ mask]) v per batch and head (qpack_attention_f32_mask).
+    q, k, v, out: float32 numpy arrays [B, H, rows, D] with contiguous rows (any strides
+    above; v's and out's rows may have another size Dv than q's and k's); mask: None or a float32 array [B, H, L, S] with contiguous rows (strides 0
+    where it is broadcast: np.broadcast_to)."""
+    cdef int64_t qs[3], ks[3], vs[3], os_[3], ms[3]
+    named = (("q", q), ("k", k), ("v", v), ("out", out)) + ((("mask", mask),) if mask is not None else ())
+    for name, a in named:
         if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.ndim != 4:
             raise InvalidTypeError(f"attention: {name} must be a 4-d float32 array")
         if a.size > 0 and a.shape[3] > 1 and a.strides[3] != 4:
@@ -87,22 +90,28 @@ def attention_f32(q, k, v, out, float scale, bint causal=False):
     if not out.flags.writeable:
         raise InvalidArgumentError("attention: out is read-only")
     B, H, L, D = q.shape
-    S = k.shape[2]
-    if (k.shape[0], k.shape[1], k.shape[3]) != (B, H, D) or v.shape != k.shape or out.shape != q.shape:
+    S, Dv = k.shape[2], v.shape[3]
+    if (k.shape[0], k.shape[1], k.shape[3]) != (B, H, D) or v.shape[:3] != k.shape[:3] or \
+            out.shape != (B, H, L, Dv):
         raise InvalidArgumentError(f"attention: q {q.shape}, k {k.shape}, v {v.shape} and out {out.shape} "
-                                   f"do not match ([B, H, L, D], [B, H, S, D] twice, [B, H, L, D])")
+                                   f"do not match ([B, H, L, D], [B, H, S, D], [B, H, S, Dv], [B, H, L, Dv])")
+    if mask is not None and mask.shape != (B, H, L, S):
+        raise InvalidArgumentError(f"attention: mask {mask.shape} must be [B, H, L, S] = {(B, H, L, S)}")
     for i in range(3):
         qs[i] = q.strides[i] // 4
         ks[i] = k.strides[i] // 4
         vs[i] = v.strides[i] // 4
         os_[i] = out.strides[i] // 4
+        ms[i] = mask.strides[i] // 4 if mask is not None else 0
     cdef size_t qp = q.__array_interface__["data"][0], kp = k.__array_interface__["data"][0]
     cdef size_t vp = v.__array_interface__["data"][0], op = out.__array_interface__["data"][0]
-    cdef int64_t b = B, h = H, l = L, s_ = S, d = D
+    cdef size_t mp = mask.__array_interface__["data"][0] if mask is not None else 0
+    cdef int64_t b = B, h = H, l = L, s_ = S, d = D, dv = Dv
     cdef qpack_status st
     with nogil:
-        st = qpack_attention_f32(<const float*>qp, qs, <const float*>kp, ks, <const float*>vp, vs,
-                                 <float*>op, os_, b, h, l, s_, d, scale, 1 if causal else 0)
+        st = qpack_attention_f32_mask(<const float*>qp, qs, <const float*>kp, ks, <const float*>vp, vs,
+                                      <const float*>mp, ms, <float*>op, os_, b, h, l, s_, d, dv, scale,
+                                      1 if causal else 0)
     check_status(st)
 
 

@@ -49,6 +49,11 @@ cdef extern from "qpack/qpack.h" nogil:
                                      const int64_t* k_strides, const float* v, const int64_t* v_strides,
                                      float* out, const int64_t* out_strides, int64_t batch, int64_t heads,
                                      int64_t L, int64_t S, int64_t D, float scale, int causal)
+    qpack_status qpack_attention_f32_mask(const float* q, const int64_t* q_strides, const float* k,
+                                          const int64_t* k_strides, const float* v, const int64_t* v_strides,
+                                          const float* mask, const int64_t* mask_strides, float* out,
+                                          const int64_t* out_strides, int64_t batch, int64_t heads, int64_t L,
+                                          int64_t S, int64_t D, int64_t Dv, float scale, int causal)
 
     ctypedef struct qpack_backend_info:
         qpack_backend backend

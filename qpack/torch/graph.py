@@ -1394,6 +1394,73 @@ _SHAPE_ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.floordiv
 
 
 _SDPA = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
+_MATMUL = (operator.matmul, torch.matmul)
+
+
+def _is_matmul(node):
+    return isinstance(node, torch.fx.Node) and (
+        (node.op == "call_function" and node.target in _MATMUL and len(node.args) == 2 and not node.kwargs)
+        or (node.op == "call_method" and node.target == "matmul" and len(node.args) == 2 and not node.kwargs))
+
+
+def _by_number(node):
+    """(x, c) when node is x * c, c * x or x / c for a number c (one user), else None."""
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and len(node.args) == 2
+            and not node.kwargs and len(node.users) == 1):
+        return None
+    a, b = node.args
+    number = (int, float)
+    if node.target in (operator.mul, torch.mul):
+        if isinstance(b, number) and not isinstance(b, bool) and isinstance(a, torch.fx.Node):
+            return a, float(b)
+        if isinstance(a, number) and not isinstance(a, bool) and isinstance(b, torch.fx.Node):
+            return b, float(a)
+    if node.target in (operator.truediv, torch.div) and isinstance(b, number) and not isinstance(b, bool) and b:
+        return a, 1.0 / float(b)
+    return None
+
+
+def _explicit_attention(node):
+    """(q, k transposed, v, mask or None, scale, the nodes it replaces) when node is
+    ``softmax((q @ kt) * c [+ mask], dim=-1) @ v`` (the scale also as ``(q * c) @ kt``,
+    ``/ c`` or none; LeViT's attention with its bias table, timm's unfused attention),
+    every value in between read by the next op only; else None."""
+    if not _is_matmul(node):
+        return None
+    p, v = node.args
+    if not (isinstance(p, torch.fx.Node) and len(p.users) == 1 and p.args):
+        return None
+    x = p.args[0]
+    dim = _dim_arg(p, 1, "dim")
+    if not ((p.op == "call_method" and p.target == "softmax") or (
+            p.op == "call_function" and p.target in (F.softmax, torch.softmax))) or set(p.kwargs) - {"dim"} \
+            or len(p.args) > 2 or not (dim == -1 or (dim is not None and dim == (rank_of(x) or 0) - 1)):
+        return None
+    replaced, mask = [node, p], None
+    if (isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target in (operator.add, torch.add)
+            and len(x.args) == 2 and not x.kwargs and len(x.users) == 1):
+        for a, b in (x.args, x.args[::-1]):
+            if isinstance(b, torch.fx.Node) and (_is_matmul(a) or _by_number(a) is not None):
+                replaced.append(x)
+                x, mask = a, b
+                break
+    scale = 1.0
+    scaled = _by_number(x)
+    if scaled is not None:
+        replaced.append(x)
+        x, scale = scaled
+    if not (_is_matmul(x) and len(x.users) == 1):
+        return None
+    replaced.append(x)
+    q, kt = x.args
+    pre = _by_number(q)
+    if pre is not None:  # (q * c) @ kt
+        replaced.append(q)
+        q, c = pre
+        scale *= c
+    if not (isinstance(q, torch.fx.Node) and isinstance(kt, torch.fx.Node) and isinstance(v, torch.fx.Node)):
+        return None
+    return q, kt, v, mask, scale, replaced
 
 
 def canonicalize(gm):
@@ -1407,8 +1474,9 @@ def canonicalize(gm):
     - negative dims of torch.cat and mean made positive where the rank is known;
     - a view or reshape of a constant by constant sizes, and an index of a constant
       by constant tensors (a bias table gathered at every call) -> a constant;
-    - F.scaled_dot_product_attention -> qpack.torch.attention's (the core's
-      kernel where it applies, PyTorch's call otherwise).
+    - F.scaled_dot_product_attention, and softmax((q @ kt) * c [+ bias]) @ v
+      spelled out -> qpack.torch.attention's (the core's kernel where it applies,
+      PyTorch's call otherwise).
     Every rewrite computes what the spelling did, in PyTorch too."""
     g = gm.graph
     modules = dict(gm.named_modules())
@@ -1429,6 +1497,18 @@ def canonicalize(gm):
             continue
         if node.op == "call_function" and node.target in _SDPA:
             node.target = _attention.scaled_dot_product_attention
+            continue
+        if (att := _explicit_attention(node)) is not None:
+            # one call of the core's attention (with the bias as its mask) for the ops spelled out
+            q, kt, v, mask, scale, dead = att
+            with g.inserting_before(node):
+                k = g.call_method("transpose", (kt, -2, -1))
+            new = replace(node, _attention.scaled_dot_product_attention, (q, k, v),
+                          dict(attn_mask=mask, scale=scale))
+            new.meta["qpack_rank"] = rank_of(q)
+            for d in dead[1:]:
+                g.erase_node(d)
+                erased.add(d)
             continue
         if node.op in ("call_method", "call_function") and node.args and isinstance(node.args[0], torch.fx.Node) \
                 and node.args[0].op == "get_attr" and (t := _constant_view(gm, node)) is not None:

@@ -53,15 +53,27 @@ qpack_status qpack_attention_f32(const float* q, const int64_t q_strides[3], con
                                  const int64_t k_strides[3], const float* v, const int64_t v_strides[3],
                                  float* out, const int64_t out_strides[3], int64_t batch, int64_t heads,
                                  int64_t L, int64_t S, int64_t D, float scale, int causal) {
+  return qpack_attention_f32_mask(q, q_strides, k, k_strides, v, v_strides, nullptr, nullptr, out, out_strides,
+                                  batch, heads, L, S, D, D, scale, causal);
+}
+
+qpack_status qpack_attention_f32_mask(const float* q, const int64_t q_strides[3], const float* k,
+                                      const int64_t k_strides[3], const float* v, const int64_t v_strides[3],
+                                      const float* mask, const int64_t mask_strides[3], float* out,
+                                      const int64_t out_strides[3], int64_t batch, int64_t heads, int64_t L,
+                                      int64_t S, int64_t D, int64_t Dv, float scale, int causal) {
   return guarded([&] {
     qpack::check(q_strides != nullptr && k_strides != nullptr && v_strides != nullptr && out_strides != nullptr,
                  QPACK_STATUS_INVALID_ARGUMENT, "attention: the stride arrays must not be NULL");
-    qpack::AttentionF32 a{q, k, v, out, {}, {}, {}, {}, batch, heads, L, S, D, scale, causal != 0};
+    qpack::check(mask == nullptr || mask_strides != nullptr, QPACK_STATUS_INVALID_ARGUMENT,
+                 "attention: a mask needs its stride array");
+    qpack::AttentionF32 a{q, k, v, out, {}, {}, {}, {}, batch, heads, L, S, D, Dv, scale, causal != 0, mask, {}};
     for (int i = 0; i < 3; ++i) {
       a.q_stride[i] = q_strides[i];
       a.k_stride[i] = k_strides[i];
       a.v_stride[i] = v_strides[i];
       a.out_stride[i] = out_strides[i];
+      a.mask_stride[i] = mask != nullptr ? mask_strides[i] : 0;
     }
     qpack::attention_f32(a);
   });

@@ -25,14 +25,17 @@ struct Head {
   const float* k;
   const float* v;
   float* out;
-  int64_t q_row, k_row, v_row, out_row;
+  const float* mask;  // or null
+  int64_t q_row, k_row, v_row, out_row, mask_row;
 };
 
 Head head(const AttentionF32& a, int64_t b, int64_t h) {
   return Head{a.q + b * a.q_stride[0] + h * a.q_stride[1], a.k + b * a.k_stride[0] + h * a.k_stride[1],
               a.v + b * a.v_stride[0] + h * a.v_stride[1], a.out + b * a.out_stride[0] + h * a.out_stride[1],
-              a.q_stride[2], a.k_stride[2], a.v_stride[2], a.out_stride[2]};
+              a.mask != nullptr ? a.mask + b * a.mask_stride[0] + h * a.mask_stride[1] : nullptr,
+              a.q_stride[2], a.k_stride[2], a.v_stride[2], a.out_stride[2], a.mask_stride[2]};
 }
+
 
 // Keys past query i's own position get no weight (PyTorch's is_causal).
 inline int64_t keys_seen(const AttentionF32& a, int64_t i) { return a.causal ? std::min(a.S, i + 1) : a.S; }
@@ -50,6 +53,25 @@ void softmax_row(float* x, int64_t n) {
   for (int64_t j = 0; j < n; ++j) x[j] *= inv;
 }
 
+// The weights of query i's first n keys from their scaled scores in sc: the
+// mask's row i added, then the softmax; a row the mask hides entirely (every
+// score -inf) weighs every key 0, so its output is 0 (PyTorch's, not NaN).
+void weigh_row(const Head& t, int64_t i, int64_t n, float* sc) {
+  if (t.mask != nullptr) {
+    const float* m = t.mask + i * t.mask_row;
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) {
+      sc[j] += m[j];
+      top = std::max(top, sc[j]);
+    }
+    if (top == -std::numeric_limits<float>::infinity()) {
+      std::fill(sc, sc + n, 0.0f);
+      return;
+    }
+  }
+  softmax_row(sc, n);
+}
+
 // The plain loops: one query row at a time.
 void rows_plain(const AttentionF32& a, const Head& t, int64_t i0, int64_t i1, std::vector<float>& sc) {
   sc.resize(static_cast<size_t>(a.S));
@@ -62,13 +84,13 @@ void rows_plain(const AttentionF32& a, const Head& t, int64_t i0, int64_t i1, st
       for (int64_t d = 0; d < a.D; ++d) s += q[d] * k[d];
       sc[j] = s * a.scale;
     }
-    softmax_row(sc.data(), n);
+    weigh_row(t, i, n, sc.data());
     float* o = t.out + i * t.out_row;
-    std::fill(o, o + a.D, 0.0f);
+    std::fill(o, o + a.Dv, 0.0f);
     for (int64_t j = 0; j < n; ++j) {
       const float p = sc[j];
       const float* v = t.v + j * t.v_row;
-      for (int64_t d = 0; d < a.D; ++d) o[d] += p * v[d];
+      for (int64_t d = 0; d < a.Dv; ++d) o[d] += p * v[d];
     }
   }
 }
@@ -195,13 +217,13 @@ QPACK_ATTN_TARGET void rows512(const AttentionF32& a, const Head& t, int64_t i0,
     int64_t n = 0;
     for (int r = 0; r < kRows; ++r) {
       const int64_t seen = r < rows ? keys_seen(a, r0 + r) : 0;
-      if (r < rows) softmax_row(sc.data() + r * Sp, seen);
+      if (r < rows) weigh_row(t, r0 + r, seen, sc.data() + r * Sp);
       std::fill(sc.data() + r * Sp + seen, sc.data() + (r + 1) * Sp, 0.0f);  // unseen keys weigh 0
       n = std::max(n, seen);
     }
-    for (int64_t d0 = 0; d0 < D; d0 += 64) {
-      const int V = static_cast<int>(std::min<int64_t>(4, (D - d0 + 15) / 16));
-      const __mmask16 last = lanes(D - d0 - 16 * (V - 1));
+    for (int64_t d0 = 0; d0 < a.Dv; d0 += 64) {  // V's rows, out's rows: Dv floats
+      const int V = static_cast<int>(std::min<int64_t>(4, (a.Dv - d0 + 15) / 16));
+      const __mmask16 last = lanes(a.Dv - d0 - 16 * (V - 1));
       float* o[kRows];
       for (int r = 0; r < kRows; ++r) o[r] = out[r] + d0;
       if (last == __mmask16(0xFFFF)) {
@@ -217,9 +239,9 @@ QPACK_ATTN_TARGET void rows512(const AttentionF32& a, const Head& t, int64_t i0,
 }  // namespace
 
 void attention_f32(const AttentionF32& a) {
-  check(a.B >= 0 && a.H >= 0 && a.L >= 0 && a.S >= 0 && a.D >= 1, QPACK_STATUS_INVALID_ARGUMENT,
-        "attention sizes must be B, H, L, S >= 0 and D >= 1, got B=", a.B, " H=", a.H, " L=", a.L, " S=", a.S,
-        " D=", a.D);
+  check(a.B >= 0 && a.H >= 0 && a.L >= 0 && a.S >= 0 && a.D >= 1 && a.Dv >= 1, QPACK_STATUS_INVALID_ARGUMENT,
+        "attention sizes must be B, H, L, S >= 0 and D, Dv >= 1, got B=", a.B, " H=", a.H, " L=", a.L, " S=", a.S,
+        " D=", a.D, " Dv=", a.Dv);
   check(a.q != nullptr && a.k != nullptr && a.v != nullptr && a.out != nullptr, QPACK_STATUS_INVALID_ARGUMENT,
         "attention: q, k, v and out must not be NULL");
   check(a.S > 0 || a.L == 0, QPACK_STATUS_INVALID_ARGUMENT, "attention over no keys (S = 0) of ", a.L,

@@ -1,5 +1,5 @@
 // Scaled dot-product attention in fp32 (qpack_attention_f32): for each batch
-// and head, out = softmax(scale Q K^T [+ causal mask]) V, one query row at a
+// and head, out = softmax(scale Q K^T [+ mask] [causal]) V, one query row at a
 // time over all keys (the scores of a row, S floats, in a per-thread buffer).
 // With AVX-512 the products run on 16-lane FMAs over K transposed per head
 // (4 query rows x 4 vectors of keys a tile) and over V's rows (4 query rows x
@@ -15,12 +15,17 @@ namespace qpack {
 struct AttentionF32 {
   const float* q;  // [B][H][L][D], strides below in elements; the last dim contiguous
   const float* k;  // [B][H][S][D]
-  const float* v;  // [B][H][S][D]
-  float* out;      // [B][H][L][D]
+  const float* v;  // [B][H][S][Dv]
+  float* out;      // [B][H][L][Dv]
   int64_t q_stride[3], k_stride[3], v_stride[3], out_stride[3];  // of B, H, the row
-  int64_t B, H, L, S, D;
+  int64_t B, H, L, S, D, Dv;
   float scale;
   bool causal;  // query i sees keys j <= i (PyTorch's is_causal, top-left)
+  // Added to the scaled scores before the softmax (PyTorch's float attn_mask; a
+  // position bias), or null: [B][H][L][S], strides of B, H, the row (0 where it
+  // is the same for every batch or head); each row's S floats contiguous.
+  const float* mask = nullptr;
+  int64_t mask_stride[3] = {0, 0, 0};
 };
 
 // Checks the arguments (qpack::Error on bad ones) and runs on num_threads().

@@ -476,6 +476,59 @@ static void test_attention(void) {
                              H, L, S, 0, 1.0f, 0) == QPACK_STATUS_INVALID_ARGUMENT, "D = 0");
 }
 
+/* qpack_attention_f32_mask: a mask shared by the batch (batch stride 0) added to
+ * the scores, v's rows of Dv != D floats, against double loops; a row the mask
+ * hides entirely gives 0 (not NaN); a mask without strides and Dv = 0 refused. */
+static void test_attention_mask(void) {
+  enum { B = 2, H = 2, L = 4, S = 6, D = 8, Dv = 5 };
+  static float q[B][H][L][D], k[B][H][S][D], v[B][H][S][Dv], mask[H][L][S], out[B][H][L][Dv];
+  unsigned seed = 11;
+  float* all[4] = {&q[0][0][0][0], &k[0][0][0][0], &v[0][0][0][0], &mask[0][0][0]};
+  int sizes[4] = {B * H * L * D, B * H * S * D, B * H * S * Dv, H * L * S};
+  for (int t = 0; t < 4; ++t) {
+    for (int i = 0; i < sizes[t]; ++i) {
+      seed = seed * 1103515245u + 12345u;
+      all[t][i] = (float)((seed >> 9) % 2001) / 1000.0f - 1.0f;
+    }
+  }
+  for (int j = 0; j < S; ++j) mask[1][2][j] = -INFINITY;  /* head 1, query 2: no key */
+  const int64_t qs[3] = {H * L * D, L * D, D}, ks[3] = {H * S * D, S * D, D}, vs[3] = {H * S * Dv, S * Dv, Dv};
+  const int64_t ms[3] = {0, L * S, S}, os[3] = {H * L * Dv, L * Dv, Dv};
+  EXPECT(qpack_attention_f32_mask(&q[0][0][0][0], qs, &k[0][0][0][0], ks, &v[0][0][0][0], vs, &mask[0][0][0], ms,
+                                  &out[0][0][0][0], os, B, H, L, S, D, Dv, 0.5f, 0) == QPACK_STATUS_SUCCESS,
+         "masked attention runs");
+  double worst = 0;
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < H; ++h) {
+      for (int i = 0; i < L; ++i) {
+        const int hidden = h == 1 && i == 2;
+        double p[S], mx = -1e300, sum = 0;
+        for (int j = 0; j < S; ++j) {
+          double sc = 0;
+          for (int d = 0; d < D; ++d) sc += (double)q[b][h][i][d] * k[b][h][j][d];
+          p[j] = 0.5 * sc + (hidden ? 0.0 : mask[h][i][j]);
+          if (p[j] > mx) mx = p[j];
+        }
+        for (int j = 0; j < S; ++j) sum += (p[j] = exp(p[j] - mx));
+        for (int d = 0; d < Dv; ++d) {
+          double o = 0;
+          for (int j = 0; j < S; ++j) o += hidden ? 0.0 : p[j] / sum * v[b][h][j][d];
+          const double e = isnan(out[b][h][i][d]) ? 1e300 : fabs(o - out[b][h][i][d]);
+          if (e > worst) worst = e;
+        }
+      }
+    }
+  }
+  EXPECT(worst < 1e-5, "masked attention within 1e-5 of double (a hidden row 0), worst %g", worst);
+  EXPECT(qpack_attention_f32_mask(&q[0][0][0][0], qs, &k[0][0][0][0], ks, &v[0][0][0][0], vs, &mask[0][0][0], NULL,
+                                  &out[0][0][0][0], os, B, H, L, S, D, Dv, 0.5f, 0) == QPACK_STATUS_INVALID_ARGUMENT,
+         "a mask without strides");
+  EXPECT(qpack_attention_f32_mask(&q[0][0][0][0], qs, &k[0][0][0][0], ks, &v[0][0][0][0], vs, NULL, NULL,
+                                  &out[0][0][0][0], os, B, H, L, S, D, 0, 0.5f, 0) == QPACK_STATUS_INVALID_ARGUMENT,
+         "Dv = 0");
+  EXPECT(strstr(qpack_last_error(), "Dv") != NULL, "message names Dv");
+}
+
 int main(void) {
   char buf[256];
   for (int i = 0; i < qpack_backend_count(); ++i) {
@@ -502,6 +555,7 @@ int main(void) {
   }
   test_graph_prelu_resize();
   test_attention();
+  test_attention_mask();
   printf("c_api: %d passed, %d failed\n", passes, failures);
   return failures == 0 ? 0 : 1;
 }

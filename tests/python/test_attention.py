@@ -265,13 +265,43 @@ def test_core_attention_takes_strided_heads():
     assert got.is_contiguous() and close(got, F.scaled_dot_product_attention(q, k, v), 2e-6)
 
 
+def test_core_attention_takes_a_float_mask_and_another_value_dim(monkeypatch):
+    """A float attn_mask of every shape that broadcasts to [B, H, L, S] (a position bias
+    shared by the batch, LeViT's) added to the scores, and v's head dim other than q's:
+    on the core (counted), within float rounding of PyTorch; a row the mask hides
+    entirely (all -inf) gives 0 as PyTorch's, not NaN."""
+    from qpack import _core
+    calls = []
+    real = _core.attention_f32
+    monkeypatch.setattr(_core, "attention_f32", lambda *a, **k: calls.append(1) or real(*a, **k))
+    g = torch.Generator().manual_seed(13)
+    for (b, h, l, s, d, dv) in [(2, 4, 49, 196, 16, 32), (1, 3, 5, 7, 20, 20), (2, 2, 17, 17, 64, 80)]:
+        q, k, v = torch.randn(b, h, l, d, generator=g), torch.randn(b, h, s, d, generator=g), \
+            torch.randn(b, h, s, dv, generator=g)
+        for shape in [(l, s), (h, l, s), (b, h, l, s), (1, 1, l, s), (b, 1, 1, s)]:
+            mask = torch.randn(*shape, generator=g)
+            got = qpack_sdpa(q, k, v, attn_mask=mask, scale=0.25)
+            assert close(got, F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25), 2e-6), shape
+    assert len(calls) == 15
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=g) for _ in range(3))
+    mask = torch.zeros(5, 5)
+    mask[3] = float("-inf")
+    got, ref = qpack_sdpa(q, k, v, attn_mask=mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert len(calls) == 16 and not got.isnan().any() and torch.equal(got[:, :, 3], ref[:, :, 3])
+    assert close(got, ref, 2e-6)
+
+
 def test_core_attention_leaves_other_calls_to_pytorch():
-    """A mask, dropout, float64, autograd, grouped heads: PyTorch's own call, same result."""
+    """A boolean mask, a mask with is_causal, dropout, float64, autograd, grouped heads:
+    PyTorch's own call, same result."""
     g = torch.Generator().manual_seed(10)
     q, k, v = (torch.randn(1, 2, 6, 8, generator=g) for _ in range(3))
     mask = torch.rand(6, 6, generator=g) > 0.3
     mask[:, 0] = True
     assert torch.equal(qpack_sdpa(q, k, v, attn_mask=mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    fm = mask.float()
+    assert torch.equal(qpack_sdpa(q, k, v, attn_mask=fm, is_causal=True),
+                       F.scaled_dot_product_attention(q, k, v, attn_mask=fm, is_causal=True))
     assert torch.equal(qpack_sdpa(q.double(), k.double(), v.double()),
                        F.scaled_dot_product_attention(q.double(), k.double(), v.double()))
     qg = q.clone().requires_grad_()
@@ -295,6 +325,14 @@ def test_core_attention_errors():
                             q.copy(), 1.0)
     with pytest.raises(qpack.InvalidArgumentError, match="finite"):
         _core.attention_f32(q, q, q, q.copy(), float("nan"))
+    with pytest.raises(qpack.InvalidArgumentError, match="mask"):
+        _core.attention_f32(q, q, q, q.copy(), 1.0, mask=np.zeros((1, 2, 3, 4), np.float32))
+    with pytest.raises(qpack.InvalidTypeError, match="mask must be a 4-d float32"):
+        _core.attention_f32(q, q, q, q.copy(), 1.0, mask=np.zeros((1, 2, 3, 3), np.float64))
+    with pytest.raises(qpack.InvalidTypeError, match="mask's rows must be contiguous"):
+        _core.attention_f32(q, q, q, q.copy(), 1.0, mask=np.zeros((1, 2, 3, 6), np.float32)[..., ::2])
+    with pytest.raises(qpack.InvalidArgumentError, match="do not match"):  # out's rows are not v's
+        _core.attention_f32(q, q, np.zeros((1, 2, 3, 4), np.float32), q.copy(), 1.0)
     out = q.copy()
     _core.attention_f32(q, q, q, out, 1.0)  # still works: zeros in, zeros out
     assert not out.any()
@@ -308,12 +346,17 @@ for causal in (False, True):
     q, k, v = (torch.randn(2, 3, n, 20, generator=g) for n in (7, 13, 13))
     a, b = sdpa(q, k, v, is_causal=causal), F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     assert (a - b).abs().max().item() < 1e-5, (a - b).abs().max().item()
+q, k, v, m = torch.randn(2, 3, 7, 20), torch.randn(2, 3, 13, 20), torch.randn(2, 3, 13, 9), torch.randn(3, 7, 13)
+m[1, 4] = float("-inf")
+a, b = sdpa(q, k, v, attn_mask=m), F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+assert (a - b).abs().max().item() < 1e-5, (a - b).abs().max().item()
 print("ok")
 """
 
 
 def test_core_attention_scalar_loops():
-    """QPACK_VEC_MATH=0: the plain loops (what runs without AVX-512), within rounding."""
+    """QPACK_VEC_MATH=0: the plain loops (what runs without AVX-512), within rounding,
+    with a mask (one row hidden) and v's head dim other than q's too."""
     r = subprocess.run([sys.executable, "-c", _SCALAR], env=dict(os.environ, QPACK_VEC_MATH="0"),
                        capture_output=True, text=True, cwd="/tmp")
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

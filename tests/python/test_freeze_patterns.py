@@ -302,6 +302,7 @@ def test_token_batch_norm_and_a_gathered_bias_table_run_in_the_core(dtype):
     runner = G.runner_of(frozen)
     code = runner._gm.code
     assert not any(s in code for s in ("self.idxs", ".flatten(0, 1)", ".reshape_as(", "self.bn_"))
+    assert "scaled_dot_product_attention" in code and "softmax" not in code and "matmul" not in code
     kinds = [n["kind"] for s in runner._segments for n in s.spec["nodes"]]
     assert kinds.count("affine") == 2 and "in PyTorch instead" not in qpack.graph_report(frozen)
     model.biases.data.mul_(-3.0)  # a snapshot: the folded table does not follow the source
@@ -333,3 +334,36 @@ def test_batch_norm_over_another_dim_after_flatten_stays_in_pytorch():
     runner = G.runner_of(frozen)
     code = runner._gm.code if runner._gm is not None else ""
     assert "flatten(0, 1)" in code and "table" in code
+
+
+class SpelledAttention(nn.Module):
+    """timm's unfused attention, ``(q * scale) @ k.transpose(-2, -1)``, softmax, ``@ v``;
+    with ``weights`` the softmax is returned too (then it must stay as spelled)."""
+
+    def __init__(self, c=16, heads=2, weights=False):
+        super().__init__()
+        self.qkv, self.proj, self.heads, self.weights = nn.Linear(c, 3 * c), nn.Linear(c, c), heads, weights
+
+    def forward(self, t):
+        b, n, c = t.shape
+        q, k, v = self.qkv(t).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = ((q * 0.3) @ k.transpose(-2, -1)).softmax(dim=-1)
+        y = self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
+        return (y, attn) if self.weights else y
+
+
+@pytest.mark.parametrize("weights", [False, True])
+def test_spelled_out_attention_runs_as_one_call(weights):
+    """softmax((q * c) @ k^T) @ v becomes one scaled_dot_product_attention (the core's)
+    where its intermediates are read by the next op only; with the weights returned it
+    stays as spelled. Eager's values either way."""
+    torch.manual_seed(4)
+    model = SpelledAttention(weights=weights).eval()
+    x = torch.randn(2, 9, 16)
+    frozen = qpack.freeze(model, progress=False)
+    with torch.no_grad():
+        got, ref = frozen(x), model(x)
+    for a, b in zip(got if weights else [got], ref if weights else [ref]):
+        assert rel_err(a, b) < 1e-5
+    code = G.runner_of(frozen)._gm.code
+    assert ("scaled_dot_product_attention" in code) != weights and ("softmax" in code) == weights

@@ -148,6 +148,22 @@ QPACK_API qpack_status qpack_attention_f32(const float* q, const int64_t q_strid
                                            const int64_t v_strides[3], float* out,
                                            const int64_t out_strides[3], int64_t batch, int64_t heads,
                                            int64_t L, int64_t S, int64_t D, float scale, int causal);
+/* The same with mask (or NULL) added to the scaled scores before the softmax:
+ * softmax(scale * q k^T + mask[b][h]) v, as PyTorch's float attn_mask (a
+ * position bias: LeViT's attention biases), and v's and out's rows of Dv
+ * floats (q's and k's of D). mask is [batch][heads][L][S], each row S
+ * contiguous floats; mask_strides[0..2] are the element strides of the batch,
+ * the head and the row, 0 for a mask shared by every batch or head. A row
+ * whose every score the mask makes -inf gets output 0 (as PyTorch). With
+ * causal, row i then sees keys j <= i only. INVALID_ARGUMENT also for Dv < 1
+ * and a mask without its strides. */
+QPACK_API qpack_status qpack_attention_f32_mask(const float* q, const int64_t q_strides[3], const float* k,
+                                                const int64_t k_strides[3], const float* v,
+                                                const int64_t v_strides[3], const float* mask,
+                                                const int64_t mask_strides[3], float* out,
+                                                const int64_t out_strides[3], int64_t batch, int64_t heads,
+                                                int64_t L, int64_t S, int64_t D, int64_t Dv, float scale,
+                                                int causal);
 
 /* ---- backends ------------------------------------------------------------ */
 
