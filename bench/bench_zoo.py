@@ -80,6 +80,8 @@ def zoo_model(spec, torchvision, timm):
     src, name = spec.split(":")
     model = torchvision.models.get_model(name) if src == "tv" else timm.create_model(name, pretrained=False)
     size = 299 if "inception" in name else 224
+    if src == "timm":  # the size it was made for (MaxViT-nano: 256)
+        size = (getattr(model, "pretrained_cfg", None) or {}).get("input_size", (3, size, size))[-1]
     return trained_like(model.eval(), (2, 3, size, size)), size
 
 

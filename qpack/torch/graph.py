@@ -2443,6 +2443,11 @@ def _restore_graph_module(fn, args, had_runner, qparams):
     return gm
 
 
+def _calls_attention(gm):
+    return any(n.op == "call_function" and n.target is _attention.scaled_dot_product_attention
+               for n in gm.graph.nodes)
+
+
 def worth_part(nodes, inputs, outputs, num_layers):
     """A submodule's graph pays for the crossings at its edges (NHWC / u8
     conversions of its inputs and outputs) when values flow between 2 or more
@@ -2476,6 +2481,12 @@ def attach_parts(model, qparams_of=None):
             seg = runner._segments[0]
             if runner._gm is None and worth_part(seg.spec["nodes"], seg.spec["inputs"], seg.spec["outputs"],
                                                  len(seg.layers)):
+                attached[name] = runner
+                continue
+            if runner._gm is not None and _calls_attention(runner._gm):
+                # segments around an attention call (MobileViT's transformer blocks): the
+                # core's attention runs between them; the children alone would leave it to
+                # PyTorch's kernel (twice the time)
                 attached[name] = runner
                 continue
             # PyTorch inside it, or too little for its edges' crossings: its children may do better

@@ -321,6 +321,52 @@ def test_untraceable_models_run_their_traceable_submodules_as_graphs(tmp_path):
         assert rel_err(qpack.load(tmp_path / "m.qpk")(x), ref) < 1e-5
 
 
+class TokenBlock(nn.Module):
+    """A transformer block: LayerNorm, qkv, F.scaled_dot_product_attention, projection."""
+
+    def __init__(self, c=16, heads=2):
+        super().__init__()
+        self.norm, self.qkv, self.proj, self.heads = nn.LayerNorm(c), nn.Linear(c, 3 * c), nn.Linear(c, c), heads
+
+    def forward(self, t):
+        b, n, c = t.shape
+        q, k, v = self.qkv(self.norm(t)).reshape(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        return t + self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c))
+
+
+class UntraceableWithAttention(nn.Module):
+    """MobileViT's shape: control flow on the input's size around a transformer block."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.block = nn.Conv2d(3, 16, 2, 2), TokenBlock()
+
+    def forward(self, x):
+        if x.shape[-1] % 2:
+            x = F.pad(x, (0, 1))
+        t = self.embed(x).flatten(2).transpose(1, 2)
+        return self.block(t)
+
+
+def test_an_untraceable_models_attention_block_runs_as_segments_around_the_cores_attention(monkeypatch):
+    """A part whose forward traces with an attention call between its graphs is kept as
+    those segments (the core's attention between them), not split into its children
+    (which left the attention to PyTorch's kernel): eager's values."""
+    from qpack import _core
+    torch.manual_seed(0)
+    model = UntraceableWithAttention().eval()
+    with pytest.warns(qpack.torch.freeze.FreezeWarning, match="could not trace"):
+        f = qpack.freeze(model, progress=False)
+    assert "block" in G.graph_parts(f)
+    calls = []
+    real = _core.attention_f32
+    monkeypatch.setattr(_core, "attention_f32", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = torch.randn(2, 3, 8, 7)
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-5
+    assert calls == [1]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_untraceable_models_get_int8_graphs_for_their_parts(backend):
     torch.manual_seed(0)
