@@ -3,10 +3,11 @@ applies, PyTorch's ``F.scaled_dot_product_attention`` elsewhere.
 
 ``scaled_dot_product_attention`` takes PyTorch's arguments. The core runs
 float32 CPU tensors of shape [B, H, L, D] / [B, H, S, D] (any strides above
-contiguous rows) with a float32 ``attn_mask`` (added to the scores: a position
-bias) or none, without dropout, grouped heads or autograd; other calls go to
-PyTorch unchanged. Frozen models call it for
-nn.MultiheadAttention (FrozenMultiheadAttention) and for the
+contiguous rows; rows of other strides are copied first) with a float32
+``attn_mask`` (added to the scores: a position bias) or none, without
+dropout, grouped heads or autograd; other calls go to PyTorch unchanged.
+Frozen models call it for nn.MultiheadAttention (FrozenMultiheadAttention)
+and for the
 ``scaled_dot_product_attention`` calls a traced forward makes between its
 graphs (timm's ViT/DeiT attention). One Zen 5 thread, ViT-B/16's shapes (12
 heads of 197 x 64): 746 us a call against PyTorch's 1497 (its flash kernel for
@@ -42,7 +43,7 @@ def _core_can_run(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa):
         return False
     for t in (q, k, v):
         if (not torch.is_tensor(t) or t.dtype != torch.float32 or t.device.type != "cpu" or t.dim() != 4
-                or t.requires_grad and torch.is_grad_enabled() or (t.shape[-1] > 1 and t.stride(-1) != 1)):
+                or t.requires_grad and torch.is_grad_enabled()):
             return False
     B, H, L, D = q.shape
     if not (k.shape[0] == B and k.shape[1] == H and k.shape[3] == D and v.shape[:3] == k.shape[:3]
@@ -62,6 +63,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     B, H, L, D = query.shape
     out = torch.empty((B, H, L, value.shape[3]), dtype=torch.float32)
     s = (1.0 / D ** 0.5) if scale is None else float(scale)
-    _core.attention_f32(query.detach().numpy(), key.detach().numpy(), value.detach().numpy(), out.numpy(), s,
-                        bool(is_causal), mask=_core_mask(attn_mask, B, H, L, key.shape[2]))
+    q, k, v = (_rows(t) for t in (query, key, value))
+    _core.attention_f32(q, k, v, out.numpy(), s, bool(is_causal), mask=_core_mask(attn_mask, B, H, L, key.shape[2]))
     return out
+
+
+def _rows(t):
+    """t as an array whose rows (the last dim) are contiguous: a copy where they are
+    not (heads transposed from channels: EfficientFormerV2's [B, H, D, N] permuted),
+    cheaper than PyTorch's math kernel that would run instead."""
+    t = t.detach()
+    return (t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()).numpy()

@@ -1574,8 +1574,9 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
             for (int64_t i = b; i < e; ++i) yf[i] = a[i] + c[i];
           } else if (act == QPACK_ACT_RELU) {
             for (int64_t i = b; i < e; ++i) yf[i] = std::max(a[i] + c[i], 0.0f);
-          } else {
-            for (int64_t i = b; i < e; ++i) yf[i] = activate(act, lo, hi, a[i] + c[i]);
+          } else {  // the sum, then the activation's vector code over it (GELU's erf, SiLU's exp)
+            for (int64_t i = b; i < e; ++i) yf[i] = a[i] + c[i];
+            activate_f32(act, lo, hi, yf + b, e - b, yf + b);
           }
         }
       });

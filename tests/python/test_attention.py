@@ -265,6 +265,22 @@ def test_core_attention_takes_strided_heads():
     assert got.is_contiguous() and close(got, F.scaled_dot_product_attention(q, k, v), 2e-6)
 
 
+def test_core_attention_copies_rows_that_are_not_contiguous(monkeypatch):
+    """Heads made from channels, [B, H, D, N] permuted to [B, H, N, D] (EfficientFormerV2):
+    the rows are copied and the core runs (before, PyTorch's math kernel ran them)."""
+    from qpack import _core
+    calls = []
+    real = _core.attention_f32
+    monkeypatch.setattr(_core, "attention_f32", lambda *a, **k: calls.append(1) or real(*a, **k))
+    g = torch.Generator().manual_seed(14)
+    q, k = torch.randn(1, 8, 16, 49, generator=g), torch.randn(1, 8, 16, 196, generator=g)
+    v, mask = torch.randn(1, 8, 64, 196, generator=g), torch.randn(8, 49, 196, generator=g)
+    q, k, v = (t.permute(0, 1, 3, 2) for t in (q, k, v))
+    assert q.stride(-1) != 1
+    got = qpack_sdpa(q, k, v, attn_mask=mask, scale=0.25)
+    assert calls == [1] and close(got, F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25), 2e-6)
+
+
 def test_core_attention_takes_a_float_mask_and_another_value_dim(monkeypatch):
     """A float attn_mask of every shape that broadcasts to [B, H, L, S] (a position bias
     shared by the batch, LeViT's) added to the scores, and v's head dim other than q's:
