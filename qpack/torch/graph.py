@@ -438,9 +438,9 @@ class _Lowering:
         if node.op == "call_function" and node.target is channel_scale:
             x, scale = node.args
             t = _attr_tensor(self.gm, scale)
-            c = channels_of(x)
-            if t is None or c is None or t.numel() != c:
-                raise Unsupported("a channel scale that is not a constant of the value's channels")
+            c = channels_of(x) if channels_of(x) is not None else (t.numel() if t is not None else None)
+            if t is None or c is None or t.numel() != c:  # (x's channels unknown: the constant's, which
+                raise Unsupported("a channel scale that is not a constant of the value's channels")  # the core checks)
             self.emit_checked(node, "affine", [x], scale=t.detach().float().reshape(-1).numpy().copy(),
                               shift=np.zeros(c, np.float32))
             return
@@ -1208,6 +1208,16 @@ def _constant_view(gm, a):
         return None
 
 
+def _tensor_sub(gm, node):
+    """node is a - b (operator.sub, torch.sub, .sub()) of two traced values, neither a
+    size nor a constant the module holds."""
+    is_sub = (node.op == "call_function" and node.target in (operator.sub, torch.sub)) or (
+        node.op == "call_method" and node.target == "sub")
+    return (is_sub and len(node.args) == 2 and not node.kwargs and all(
+        isinstance(v, torch.fx.Node) and not v.meta.get("qpack_shape_value") and v.op != "get_attr"
+        and _attr_tensor(gm, v) is None for v in node.args) and not node.meta.get("qpack_shape_value"))
+
+
 def _flat_rows_bn(node, modules):
     """(x, the BatchNorm1d, the flatten node) when node is ``bn(x.flatten(0, 1)).reshape_as(x)``
     for an eval BatchNorm1d over x's last dim and x of rank 3 (the flattened rows
@@ -1474,6 +1484,7 @@ def canonicalize(gm):
     - negative dims of torch.cat and mean made positive where the rank is known;
     - a view or reshape of a constant by constant sizes, and an index of a constant
       by constant tensors (a bias table gathered at every call) -> a constant;
+    - a - b of two values -> a + b * -1 (an add and a scalar affine);
     - F.scaled_dot_product_attention, and softmax((q @ kt) * c [+ bias]) @ v
       spelled out -> qpack.torch.attention's (the core's kernel where it applies,
       PyTorch's call otherwise).
@@ -1580,6 +1591,15 @@ def canonicalize(gm):
                 new.meta["qpack_rank"], new.meta["qpack_channels"] = rank_of(x), count
             g.erase_node(node)
             erased.add(node)
+            continue
+        elif _tensor_sub(gm, node):
+            # a - b of two values (FastViT's mixer(x) - norm(x)) -> a + b * -1: the add node
+            # and a scalar affine the core runs (exactly a - b in float)
+            a, b = node.args
+            with g.inserting_before(node):
+                neg = g.call_function(operator.mul, (b, -1.0))
+            neg.meta.update(qpack_rank=rank_of(b), qpack_channels=channels_of(b))
+            new = replace(node, operator.add, (a, neg))
             continue
         elif (bn := _flat_rows_bn(node, modules)) is not None:
             x, mod, flat = bn
@@ -2200,6 +2220,9 @@ class GraphRunner:
                 node.replace_all_uses_with(items[k])
                 replaced[node] = items[k]
             for node in reversed(seg.members):
+                gm.graph.erase_node(node)
+        for node in list(gm.graph.nodes):  # tensors only ops the segments took read: an
+            if node.op == "get_attr" and not node.users:  # attribute lookup at every call
                 gm.graph.erase_node(node)
         gm.recompile()
         self._gm = gm

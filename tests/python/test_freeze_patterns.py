@@ -259,6 +259,16 @@ def test_a_constant_broadcast_over_the_batch_stays_in_pytorch(batch):
     assert "in PyTorch instead" not in qpack.graph_report(frozen)
 
 
+def _frozen_as_eager(model, x, dtype):
+    """model frozen fp32 (dtype None) or static int8 (calibrated on 3 batches of x's
+    shape), its output on x checked against eager's (1e-5, int8 5e-2)."""
+    kw = dict(dtype="int8", example_inputs=[torch.randn_like(x) for _ in range(3)]) if dtype else {}
+    frozen = qpack.freeze(model, progress=False, **kw)
+    with torch.no_grad():
+        assert rel_err(frozen(x), model(x)) < (0.05 if dtype else 1e-5)
+    return frozen
+
+
 class TokenBatchNorm(nn.Module):
     """LeViT's LinearNorm and its attention: a Linear then BatchNorm1d over the flattened
     tokens (``bn(x.flatten(0, 1)).reshape_as(x)``), and a bias table gathered by an index
@@ -295,10 +305,7 @@ def test_token_batch_norm_and_a_gathered_bias_table_run_in_the_core(dtype):
     torch.manual_seed(0)
     model = randomize_bn(TokenBatchNorm(), (nn.BatchNorm1d,)).eval()
     x = torch.randn(2, 3, 16, 16)
-    kw = dict(dtype="int8", example_inputs=[torch.randn(2, 3, 16, 16) for _ in range(3)]) if dtype else {}
-    frozen = qpack.freeze(model, progress=False, **kw)
-    with torch.no_grad():
-        assert rel_err(frozen(x), model(x)) < (0.05 if dtype else 1e-5)
+    frozen = _frozen_as_eager(model, x, dtype)
     runner = G.runner_of(frozen)
     code = runner._gm.code
     assert not any(s in code for s in ("self.idxs", ".flatten(0, 1)", ".reshape_as(", "self.bn_"))
@@ -367,3 +374,57 @@ def test_spelled_out_attention_runs_as_one_call(weights):
         assert rel_err(a, b) < 1e-5
     code = G.runner_of(frozen)._gm.code
     assert ("scaled_dot_product_attention" in code) != weights and ("softmax" in code) == weights
+
+
+class RepMixerLike(nn.Module):
+    """FastViT's RepMixer: x + layer_scale * (mixer(x) - norm(x)), with BatchNorm run as
+    F.batch_norm over the module's tensors (timm's BatchNormAct2d-style forward)."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.embed, self.mixer = nn.Conv2d(3, c, 3, padding=1), nn.Conv2d(c, c, 3, padding=1, groups=c)
+        self.bn = nn.BatchNorm2d(c)
+        self.gamma = nn.Parameter(torch.rand(c, 1, 1) + 0.5)
+
+    def forward(self, x):
+        x = self.embed(x)
+        normed = F.batch_norm(x, self.bn.running_mean, self.bn.running_var, self.bn.weight, self.bn.bias,
+                              False, 0.0, self.bn.eps)
+        y = x + self.gamma * (self.mixer(x) - normed)
+        return torch.cumsum(y, 1)  # an op the core does not run: PyTorch after the graph
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_a_difference_of_two_values_runs_in_the_core(dtype):
+    """a - b of two values becomes an add of a and b * -1 in the graph (before, every
+    such sub split FastViT into a segment per block, 11 in all); the BatchNorm's tensors
+    that only the graph reads are no longer looked up at every call; eager's values."""
+    torch.manual_seed(2)
+    model = randomize_bn(RepMixerLike()).eval()
+    runner = G.runner_of(_frozen_as_eager(model, torch.randn(2, 3, 10, 10), dtype))
+    assert len(runner._segments) == 1 and "cumsum" in runner._gm.code
+    assert "running_mean" not in runner._gm.code and "gamma" not in runner._gm.code
+    kinds = [n["kind"] for n in runner._segments[0].spec["nodes"]]
+    assert "add" in kinds and "affine" in kinds, kinds
+
+
+def test_a_difference_with_a_size_or_a_constant_is_left_as_it_was():
+    """x.shape[-1] - 1 (sizes) and x - a module tensor of another shape stay PyTorch's:
+    eager's values."""
+
+    class Sizes(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 1)
+            self.offset = nn.Parameter(torch.randn(1, 4, 1, 1))
+
+        def forward(self, x):
+            y = self.c(x) - self.offset
+            return y[..., : x.shape[-1] - 1]
+
+    torch.manual_seed(3)
+    model = Sizes().eval()
+    frozen = qpack.freeze(model, progress=False)
+    x = torch.randn(1, 3, 5, 6)
+    with torch.no_grad():
+        assert rel_err(frozen(x), model(x)) < 1e-6
