@@ -341,11 +341,16 @@ class _Lowering:
                 self.value_of[node] = producer["output"]
                 return
             src = self.nodes[-1] if self.nodes else None
-            # An activation right after an add that nothing else reads is fused into it;
+            # An activation right after an add that nothing else reads (through identity
+            # modules: MobileOne's act(se(out)) with se an nn.Identity) is fused into it;
             # the add's value now stands for the activation (calibration, qparams: a
             # ReLU's output range starts at 0, so its zero point is 0).
+            x = node.args[0]
+            while (isinstance(x, torch.fx.Node) and x.op == "call_module" and len(x.users) == 1 and x.args
+                   and isinstance(self.modules.get(x.target), _IDENTITY_MODULES)):
+                x = x.args[0]
             if (src is not None and src["kind"] == "add" and src.get("activation") is None
-                    and src["fx"] is node.args[0] and len(node.args[0].users) == 1):
+                    and src["fx"] is x and len(x.users) == 1):
                 src.update(activation=name, act_min=lo, act_max=hi)
                 self.values[src["output"]] = node
                 self.value_of[node] = src["output"]
@@ -353,6 +358,9 @@ class _Lowering:
             self.emit_checked(node, "activation", [node.args[0]], activation=name, act_min=lo, act_max=hi)
             return
         scalar = _scalar_affine(node)
+        if scalar is not None and scalar[1:] == (1.0, 0.0):  # x + 0, x * 1 (MobileOne's scale_out + 0): x
+            self.value_of[node] = self.arg(scalar[0])
+            return
         if scalar is not None:
             x, scale, shift = scalar
             c = channels_of(x)

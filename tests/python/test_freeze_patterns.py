@@ -428,3 +428,32 @@ def test_a_difference_with_a_size_or_a_constant_is_left_as_it_was():
     x = torch.randn(1, 3, 5, 6)
     with torch.no_grad():
         assert rel_err(frozen(x), model(x)) < 1e-6
+
+
+class MobileOneLike(nn.Module):
+    """timm's MobileOneBlock before reparameterization: scale_out + identity_out with
+    identity_out = 0, the kxk branch added in place, act(se(out)) with se an Identity."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.scale, self.kxk = nn.Conv2d(c, c, 1), nn.Conv2d(c, c, 3, padding=1)
+        self.se, self.act = nn.Identity(), nn.GELU()
+
+    def forward(self, x):
+        identity_out = 0
+        out = self.scale(x) + identity_out
+        out += self.kxk(x)
+        return self.act(self.se(out))
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_plus_zero_is_no_node_and_an_activation_after_identity_fuses_into_the_add(dtype):
+    """x + 0 is x (no affine node); the activation after the add, through an Identity,
+    is the add's own (one pass over the value, not two); eager's values."""
+    torch.manual_seed(6)
+    frozen = _frozen_as_eager(nn.Sequential(nn.Conv2d(3, 8, 1), MobileOneLike()).eval(), torch.randn(2, 3, 9, 9),
+                              dtype)
+    nodes = G.runner_of(frozen)._spec["nodes"]
+    assert [n["kind"] for n in nodes if n["kind"] not in ("quantize", "dequantize")] == \
+        ["conv2d", "conv2d", "conv2d", "add"], nodes
+    assert [n.get("activation") for n in nodes if n["kind"] == "add"] == ["gelu"]
