@@ -61,7 +61,8 @@ cdef class GraphHandle:
     padding=(t, l, b, r), ceil_mode, count_include_pad, keepdim, activation,
     act_min, act_max, scale, shift, slopes)]; inputs / outputs: value indices.
     leaky_relu: act_min = negative slope; prelu: slopes (1 or C); layer_norm: weight,
-    bias (C each), eps and dim (1 or -1, the last); affine: scale, shift and dim (1, or
+    bias (C each), eps and dim (1 or -1, the last) or groups (GroupNorm over dim 1's
+    channels in that many groups and every spatial position); affine: scale, shift and dim (1, or
     -1: the last); linear: per_pixel (over the
     channels of a rank-4 value); resize_nearest /
     resize_bilinear: size=(h, w) or scale=(h, w) (or a second input whose H, W
@@ -121,7 +122,7 @@ cdef class GraphHandle:
                                                    + " must be 1-D of one length")
                     if norm:
                         cn[i].act_min = n.get("eps", 1e-5)
-                        cn[i].kernel_h, cn[i].kernel_w = n.get("dim", -1), 1
+                        cn[i].kernel_h, cn[i].kernel_w = (0, n["groups"]) if "groups" in n else (n.get("dim", -1), 1)
                     else:
                         cn[i].kernel_h, cn[i].kernel_w = n.get("dim", 1), 1
                     keep += [sc, sh]

@@ -203,9 +203,10 @@ class _Lowering:
         self.nodes.append(dict(kind=kind, inputs=ins, output=out, fx=fx_node, **params))
         return out
 
-    def emit_layer_norm(self, node, x, shape, weight, bias, eps, dim):
+    def emit_layer_norm(self, node, x, shape, weight, bias, eps, dim, groups=None):
         """A layer_norm node: over the channels of a rank-4 value (layer_norm2d: dim
-        1), or over the last dim (F.layer_norm / nn.LayerNorm of one dim: -1)."""
+        1), over the last dim (F.layer_norm / nn.LayerNorm of one dim: -1), or with
+        ``groups`` a GroupNorm over dim 1 (shape: its channels)."""
         if len(shape) != 1 or not isinstance(shape[0], int):
             raise Unsupported("a LayerNorm over more than one dim, or of a size the trace computes")
         if not isinstance(eps, float) or not eps > 0:
@@ -219,8 +220,9 @@ class _Lowering:
             if not isinstance(t, torch.Tensor) or t.shape != (c,):
                 raise Unsupported("a LayerNorm whose weight or bias is not a constant of its size")
             return t.detach().float().numpy().copy()
+        where = dict(groups=groups) if groups is not None else dict(dim=dim)
         self.emit_checked(node, "layer_norm", [x], weight=constant(weight, 1.0), bias=constant(bias, 0.0),
-                          eps=float(eps), dim=dim)
+                          eps=float(eps), **where)
 
     def lower_last_dim_constant(self, node, kind):
         """x * t or x + t (either order) for a constant t of C values along the last dim
@@ -455,6 +457,15 @@ class _Lowering:
         if node.op == "call_function" and node.target is layer_norm2d:
             x, weight, bias, eps = node.args
             self.emit_layer_norm(node, x, (channels_of(x),), weight, bias, eps, dim=1)
+            return
+        gn = _group_norm_args(node, self.modules)
+        if gn is not None:
+            x, groups, weight, bias, eps = gn
+            t = _attr_tensor(self.gm, weight) if isinstance(weight, torch.fx.Node) else weight
+            c = channels_of(x) if channels_of(x) is not None else (t.numel() if t is not None else None)
+            if not isinstance(groups, int) or c is None or groups < 1 or c % groups:
+                raise Unsupported("a GroupNorm whose groups or channels the trace cannot tell")
+            self.emit_layer_norm(node, x, (c,), weight, bias, eps, dim=1, groups=groups)
             return
         ln = _layer_norm_args(node, self.modules)
         if ln is not None:
@@ -772,6 +783,21 @@ def _layer_norm_args(node, modules):
             return None
         x, shape, weight, bias, eps = node.args[0], m.normalized_shape, m.weight, m.bias, m.eps
     return x, tuple(shape) if isinstance(shape, (tuple, list, torch.Size)) else (shape,), weight, bias, eps
+
+
+def _group_norm_args(node, modules):
+    """(x, num_groups, weight, bias, eps) of an F.group_norm call or an nn.GroupNorm
+    module (weight and bias: get_attr nodes, tensors or None), else None."""
+    if node.op == "call_function" and node.target is F.group_norm:
+        a = dict(zip(("input", "num_groups", "weight", "bias", "eps"), node.args))
+        a.update(node.kwargs)
+        if "input" not in a or "num_groups" not in a:
+            return None
+        return a["input"], a["num_groups"], a.get("weight"), a.get("bias"), a.get("eps", 1e-5)
+    m = modules.get(node.target) if node.op == "call_module" else None
+    if type(m) is nn.GroupNorm and len(node.args) == 1 and not node.kwargs:
+        return node.args[0], m.num_groups, m.weight, m.bias, m.eps
+    return None
 
 
 def resize_like(x, like, mode, align_corners):
@@ -1719,8 +1745,8 @@ _ADD_MUL = {operator.add, operator.iadd, torch.add, operator.mul, operator.imul,
 
 def _constant_attr(node, gm=None):
     """A get_attr node read only as a constant by the ops that use it: qparams of
-    convert_fx's quantize / quantized add, statistics and affine of F.batch_norm, a
-    constant of the last dim that a value is multiplied by or added to (with gm)."""
+    convert_fx's quantize / quantized add, statistics and affine of F.batch_norm (and
+    of the layer and group norms), a constant of the last dim that a value is multiplied by or added to (with gm)."""
     def constant_operand(u):
         if not ((u.op == "call_function" and u.target in _ADD_MUL) or
                 (u.op == "call_method" and u.target in ("add", "add_", "mul", "mul_"))):
@@ -1733,7 +1759,7 @@ def _constant_attr(node, gm=None):
                 and _last_dim_constant(t))
     return node.op == "get_attr" and bool(node.users) and all(
         (u.op == "call_function" and (u.target in _QPARAM_READERS or (
-            u.target in (F.batch_norm, F.layer_norm, layer_norm2d, channel_scale)
+            u.target in (F.batch_norm, F.layer_norm, F.group_norm, layer_norm2d, channel_scale, last_dim_affine)
             and (not u.args or u.args[0] is not node)))) or (gm is not None and constant_operand(u))
         for u in node.users)
 

@@ -889,8 +889,10 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
     if (n.kind == QPACK_NODE_LAYER_NORM) {
       check(n.act_min > 0.0f && std::isfinite(n.act_min), QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
             " (layer_norm) needs a finite eps > 0 (act_min), got ", n.act_min);
-      check(n.kernel[0] == 1 || n.kernel[0] == -1, QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
-            " (layer_norm) normalizes dim 1 or -1 (kernel_h), got ", n.kernel[0]);
+      check(n.kernel[0] == 1 || n.kernel[0] == -1 || (n.kernel[0] == 0 && n.kernel[1] >= 1),
+            QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
+            " (layer_norm) normalizes dim 1 or -1 (kernel_h), or kernel_w >= 1 groups of channels "
+            "(kernel_h = 0), got kernel_h ", n.kernel[0], ", kernel_w ", n.kernel[1]);
     }
   }
   for (int v : outputs_) {
@@ -1145,6 +1147,11 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
                                   : "an input whose dim 1 has as many channels as the affine");
       return y;
     case QPACK_NODE_LAYER_NORM:
+      if (n.kernel[0] == 0) {  // group norm: dim 1's channels in kernel_w groups
+        need_rank(x.rank >= 2 && x.d[1] == static_cast<int64_t>(n.affine_scale.size()) && x.d[1] % n.kernel[1] == 0,
+                  "an input whose dim 1 has as many channels as the scale and shift, a multiple of the groups");
+        return y;
+      }
       need_rank(x.rank >= 2 && x.d[n.kernel[0] == 1 ? 1 : x.rank - 1] == static_cast<int64_t>(n.affine_scale.size()),
                 "an input whose normalized dim has as many values as the scale and shift");
       return y;
@@ -1503,6 +1510,60 @@ void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* output
   if (profile) std::fprintf(stderr, "qpack graph outputs to the caller's layouts %.1f us\n", since(t_edges));
 }
 
+namespace {
+
+// GroupNorm (a LAYER_NORM node with kernel_h = 0): each sample's channels in
+// kernel_w groups, each group normalized over its channels and every spatial
+// position, (x - mean) / sqrt(var + eps) * scale[c] + shift[c], var biased;
+// the statistics in double (two passes), over the stored value as samples of
+// rows x C x inner (split_channels: NHWC pixels' channels, or [N, C, L]). u8:
+// dequantized, computed in float, requantized.
+void group_norm(const Shape& xs, const GraphNode& n, bool u8, const Q& qx, const Q& qy, const uint8_t* x,
+                uint8_t* y) {
+  int64_t outer, C, inner;
+  split_channels(xs, &outer, &C, &inner);
+  const int64_t G = n.kernel[1], Cg = C / G, N = xs.d[0], rows = outer / std::max<int64_t>(N, 1);
+  auto* xf = reinterpret_cast<const float*>(x);
+  auto* yf = reinterpret_cast<float*>(y);
+  const float* w = n.affine_scale.data();
+  const float* sh = n.affine_shift.data();
+  const double count = static_cast<double>(rows * Cg * inner);
+  parallel_range(N * G, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t s = t / G, c0 = t % G * Cg;
+      auto each = [&](auto&& f) {  // f(flat index, channel) over the group's values
+        for (int64_t r = s * rows; r < (s + 1) * rows; ++r) {
+          for (int64_t c = c0; c < c0 + Cg; ++c) {
+            const int64_t base = (r * C + c) * inner;
+            for (int64_t i = 0; i < inner; ++i) f(base + i, c);
+          }
+        }
+      };
+      auto value = [&](int64_t k) { return u8 ? qx.deq(x[k]) : xf[k]; };
+      double sum = 0.0;
+      each([&](int64_t k, int64_t) { sum += value(k); });
+      const double mean = sum / count;
+      double sq = 0.0;
+      each([&](int64_t k, int64_t) {
+        const double d = value(k) - mean;
+        sq += d * d;
+      });
+      const float m = static_cast<float>(mean);
+      const float inv = static_cast<float>(1.0 / std::sqrt(sq / count + static_cast<double>(n.act_min)));
+      each([&](int64_t k, int64_t c) {
+        const float v = (value(k) - m) * inv * w[c] + sh[c];
+        if (u8) {
+          y[k] = qy.quant(v);
+        } else {
+          yf[k] = v;
+        }
+      });
+    }
+  });
+}
+
+}  // namespace
+
 void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* ptrs) const {
   const Shape& xs = plan.shapes[n.in[0]];
   const Shape& ys = plan.shapes[n.out];
@@ -1751,6 +1812,10 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       return;
     }
     case QPACK_NODE_LAYER_NORM: {
+      if (n.kernel[0] == 0) {
+        group_norm(xs, n, u8, qx, qy, x, y);
+        return;
+      }
       // The stored value as outer x C x inner, C the normalized dim: NHWC
       // pixels' channels and rows of a last dim are contiguous (inner = 1);
       // a rank-4 value's W is strided by its channels (inner = C).

@@ -279,6 +279,8 @@ def per_edge_reference(f, x):
             r = a[:, n["kernel"][0]:n["kernel"][0] + n["kernel"][1]]
         elif k == "concat":
             r = torch.cat([d(v) for v in ins], 1)
+        elif k == "layer_norm" and "groups" in n:
+            r = F.group_norm(a, n["groups"], torch.as_tensor(n["weight"]), torch.as_tensor(n["bias"]), n["eps"])
         elif k == "layer_norm":
             w, b = torch.as_tensor(n["weight"]), torch.as_tensor(n["bias"])
             dim = 1 if n.get("dim", -1) == 1 else -1

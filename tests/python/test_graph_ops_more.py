@@ -585,3 +585,92 @@ def test_constant_scales_are_affine_nodes_and_run_in_the_core(dtype, tmp_path):
         qpack.save(f, tmp_path / "m.qpk")
         with torch.no_grad():
             assert torch.equal(qpack.load(tmp_path / "m.qpk")(x), f(x))
+
+
+# ---- GroupNorm -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_group_norm_node_matches_pytorch(threads):
+    """A layer_norm node with groups is nn.GroupNorm: 1, some or every channel a group,
+    ranks 2 to 4, within 1e-5 of F.group_norm over threads; channels that the groups do
+    not divide, and kernel_w 0, are refused with a clear error."""
+    qpack.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(15)
+        for shape, groups in [((2, 8, 5, 6), 1), ((2, 8, 5, 6), 4), ((1, 12, 9, 9), 12), ((2, 6, 7), 3), ((3, 4), 2)]:
+            c = shape[1]
+            w, b = torch.rand(c, generator=g) + 0.5, torch.randn(c, generator=g)
+            x = torch.randn(*shape, generator=g) * 3 + 1
+            h = _core.GraphHandle([("f32", 0, 0)] * 2, [dict(kind="layer_norm", inputs=[0], output=1, weight=w.numpy(),
+                                                            bias=b.numpy(), eps=1e-5, groups=groups)], [0], [1])
+            y = torch.from_numpy(h.run([x.numpy()], ["nchw"], out_layout="nchw")[0])
+            assert torch.allclose(y, F.group_norm(x, groups, w, b, 1e-5), rtol=1e-5, atol=1e-5), (shape, groups)
+    finally:
+        qpack.set_num_threads(1)
+    ones = np.ones(6, np.float32)
+    h = _core.GraphHandle([("f32", 0, 0)] * 2, [dict(kind="layer_norm", inputs=[0], output=1, weight=ones, bias=ones,
+                                                    eps=1e-5, groups=4)], [0], [1])
+    with pytest.raises(qpack.InvalidArgumentError, match="multiple of the groups"):
+        h.run([np.zeros((1, 6, 2, 2), np.float32)], ["nchw"])
+    with pytest.raises(qpack.InvalidArgumentError, match="groups"):
+        _core.GraphHandle([("f32", 0, 0)] * 2, [dict(kind="layer_norm", inputs=[0], output=1, weight=ones, bias=ones,
+                                                    eps=1e-5, groups=0)], [0], [1])
+
+
+class GroupNorm1(nn.GroupNorm):
+    """timm's PoolFormer norm: a GroupNorm subclass whose forward calls F.group_norm."""
+
+    def __init__(self, c):
+        super().__init__(1, c)
+
+    def forward(self, x):
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+
+class PoolFormerBlock(nn.Module):
+    """x + (pool(norm1(x)) - norm1(x)), then x + mlp(norm2(x)): PoolFormer's block."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.norm1, self.norm2 = GroupNorm1(c), nn.GroupNorm(2, c)
+        self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+        self.fc1, self.fc2 = nn.Conv2d(c, 2 * c, 1), nn.Conv2d(2 * c, c, 1)
+
+    def forward(self, x):
+        y = self.norm1(x)
+        x = x + (self.pool(y) - y)
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+def _group_normed(*blocks):
+    torch.manual_seed(16)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), *blocks).eval()
+    for m in model.modules():
+        if isinstance(m, nn.GroupNorm):
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.normal_(0, 0.2)
+    return model
+
+
+def test_group_norm_models_are_one_graph(tmp_path):
+    """nn.GroupNorm and F.group_norm (timm's GroupNorm1) run in the graph (PoolFormer:
+    25 segments before, one graph now): fp32 within 1e-5 of eager; int8 on every backend
+    one graph within 0.1 of eager, and a GroupNorm alone within two quanta of the
+    per-edge reference (chained through the blocks' second GroupNorm, a quantum of
+    difference before it grows)."""
+    model = _group_normed(PoolFormerBlock(), PoolFormerBlock())
+    x = torch.randn(2, 3, 10, 10)
+    f = qpack.freeze(model, progress=False)
+    assert plan(f) == "graph" and kinds(f).count("layer_norm") == 4, kinds(f)
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-5
+        qpack.save(f, tmp_path / "gn.qpk")  # the node's groups in the model file
+        assert torch.equal(qpack.load(tmp_path / "gn.qpk")(x), f(x))
+    for backend in BACKENDS:
+        f8 = qpack.freeze(model, dtype="int8", example_inputs=[torch.randn_like(x) for _ in range(3)] + [x],
+                          backend=backend, progress=False)
+        assert plan(f8) == "graph"
+        with torch.no_grad():
+            assert rel_err(f8(x), model(x)) < 0.1
+        for norm in (GroupNorm1(8), nn.GroupNorm(2, 8)):
+            check_int8(_group_normed(norm), x, backend)

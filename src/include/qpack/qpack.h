@@ -482,7 +482,10 @@ typedef enum qpack_node_kind {
                                     dim: kernel_h = 1 (dim 1: a rank-4 value's channels, timm's
                                     LayerNorm2d) or -1 (the last dim: nn.LayerNorm of one dim);
                                     var is the biased one; `channels` values at affine_scale and
-                                    affine_shift, copied; eps = act_min (> 0) */
+                                    affine_shift, copied; eps = act_min (> 0). kernel_h = 0:
+                                    GroupNorm, dim 1's channels in kernel_w groups (dividing
+                                    them), each normalized over its channels and every
+                                    spatial position of its sample (nn.GroupNorm) */
 } qpack_node_kind;
 
 typedef enum qpack_activation {
