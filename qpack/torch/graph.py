@@ -1242,6 +1242,21 @@ def _constant_view(gm, a):
         return None
 
 
+def _square(node):
+    """node is x ** 2 / torch.pow(x, 2) / x.pow(2) / x.square() of a traced value."""
+    is_pow = (node.op == "call_function" and node.target in (operator.pow, torch.pow)) or (
+        node.op == "call_method" and node.target == "pow")
+    if is_pow and len(node.args) == 2 and not node.kwargs and node.args[1] in (2, 2.0) \
+            and type(node.args[1]) in (int, float):
+        x = node.args[0]
+    elif ((node.op == "call_method" and node.target == "square") or
+          (node.op == "call_function" and node.target is torch.square)) and len(node.args) == 1 and not node.kwargs:
+        x = node.args[0]
+    else:
+        return False
+    return isinstance(x, torch.fx.Node) and not x.meta.get("qpack_shape_value") and x.op != "get_attr"
+
+
 def _tensor_sub(gm, node):
     """node is a - b (operator.sub, torch.sub, .sub()) of two traced values, neither a
     size nor a constant the module holds."""
@@ -1518,7 +1533,7 @@ def canonicalize(gm):
     - negative dims of torch.cat and mean made positive where the rank is known;
     - a view or reshape of a constant by constant sizes, and an index of a constant
       by constant tensors (a bias table gathered at every call) -> a constant;
-    - a - b of two values -> a + b * -1 (an add and a scalar affine);
+    - a - b of two values -> a + b * -1 (an add and a scalar affine); x ** 2 -> x * x;
     - F.scaled_dot_product_attention, and softmax((q @ kt) * c [+ bias]) @ v
       spelled out -> qpack.torch.attention's (the core's kernel where it applies,
       PyTorch's call otherwise).
@@ -1625,6 +1640,10 @@ def canonicalize(gm):
                 new.meta["qpack_rank"], new.meta["qpack_channels"] = rank_of(x), count
             g.erase_node(node)
             erased.add(node)
+            continue
+        elif _square(node):
+            # x ** 2 (StarReLU's relu(x) ** 2) -> x * x: the core's mul node
+            replace(node, operator.mul, (node.args[0], node.args[0]))
             continue
         elif _tensor_sub(gm, node):
             # a - b of two values (FastViT's mixer(x) - norm(x)) -> a + b * -1: the add node

@@ -457,3 +457,27 @@ def test_plus_zero_is_no_node_and_an_activation_after_identity_fuses_into_the_ad
     assert [n["kind"] for n in nodes if n["kind"] not in ("quantize", "dequantize")] == \
         ["conv2d", "conv2d", "conv2d", "add"], nodes
     assert [n.get("activation") for n in nodes if n["kind"] == "add"] == ["gelu"]
+
+
+class StarReLUBlock(nn.Module):
+    """MetaFormer's StarReLU: s * relu(x) ** 2 + b (learned one-value s and b), then a
+    1x1 convolution; x.square() and torch.pow(x, 2) spell the square too."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, c, 3, padding=1), nn.Conv2d(c, c, 1)
+        self.s, self.b = nn.Parameter(torch.tensor([0.8])), nn.Parameter(torch.tensor([-0.1]))
+
+    def forward(self, x):
+        y = self.s * F.relu(self.c1(x)) ** 2 + self.b
+        return self.c2(y).square() + torch.pow(y, 2)
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_a_square_runs_in_the_core(dtype):
+    """x ** 2 becomes x * x, the core's mul node (PoolFormerV2's StarReLU split it into
+    13 segments: now one graph); eager's values."""
+    torch.manual_seed(7)
+    frozen = _frozen_as_eager(StarReLUBlock().eval(), torch.randn(2, 3, 8, 8), dtype)
+    assert G.runner_of(frozen)._gm is None
+    assert [n["kind"] for n in G.runner_of(frozen)._spec["nodes"]].count("mul") == 3
