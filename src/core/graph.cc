@@ -1514,50 +1514,129 @@ namespace {
 
 // GroupNorm (a LAYER_NORM node with kernel_h = 0): each sample's channels in
 // kernel_w groups, each group normalized over its channels and every spatial
-// position, (x - mean) / sqrt(var + eps) * scale[c] + shift[c], var biased;
-// the statistics in double (two passes), over the stored value as samples of
-// rows x C x inner (split_channels: NHWC pixels' channels, or [N, C, L]). u8:
-// dequantized, computed in float, requantized.
+// position, (x - mean) / sqrt(var + eps) * scale[c] + shift[c], var biased.
+// The stored value is samples of rows x C x inner (split_channels: NHWC
+// pixels' channels, or [N, C, L]). Per sample: per-channel sums (u8: exact
+// integer sums of x - zero point and of its square; f32: in double, then the
+// squares of x - the group's mean, a second pass), the groups' statistics,
+// then one per-channel affine: y = x a[c] + b[c] (u8: affine_u8, requantized).
+// Per-channel sums over `rows` rows of C values (stride C), blocks of 64 rows
+// accumulated in a float / int32 vector (which vectorizes), added into s in
+// double: sum of x (sq = false) or of (x - m[c])^2 (sq = true; f32) / of
+// (q - zp) or (q - zp)^2 (u8).
+template <typename T>
+void channel_sums(const T* x, int64_t rows, int64_t C, const float* m, int32_t zp, bool sq, double* s) {
+  using Acc = std::conditional_t<std::is_same<T, float>::value, float, int32_t>;
+  std::vector<Acc> acc(static_cast<size_t>(C));
+  Acc* __restrict a = acc.data();
+  for (int64_t r0 = 0; r0 < rows; r0 += 64) {
+    std::fill(acc.begin(), acc.end(), Acc(0));
+    for (int64_t r = r0; r < std::min(rows, r0 + 64); ++r) {
+      const T* __restrict p = x + r * C;
+      if constexpr (std::is_same<T, float>::value) {
+        if (sq) {
+          for (int64_t c = 0; c < C; ++c) a[c] += (p[c] - m[c]) * (p[c] - m[c]);
+        } else {
+          for (int64_t c = 0; c < C; ++c) a[c] += p[c];
+        }
+      } else if (sq) {
+        for (int64_t c = 0; c < C; ++c) a[c] += (int32_t(p[c]) - zp) * (int32_t(p[c]) - zp);
+      } else {
+        for (int64_t c = 0; c < C; ++c) a[c] += int32_t(p[c]) - zp;
+      }
+    }
+    for (int64_t c = 0; c < C; ++c) s[c] += static_cast<double>(a[c]);
+  }
+}
+
 void group_norm(const Shape& xs, const GraphNode& n, bool u8, const Q& qx, const Q& qy, const uint8_t* x,
                 uint8_t* y) {
   int64_t outer, C, inner;
   split_channels(xs, &outer, &C, &inner);
   const int64_t G = n.kernel[1], Cg = C / G, N = xs.d[0], rows = outer / std::max<int64_t>(N, 1);
+  const int64_t per_sample = rows * C * inner;
+  const double count = static_cast<double>(rows * Cg * inner);
   auto* xf = reinterpret_cast<const float*>(x);
   auto* yf = reinterpret_cast<float*>(y);
-  const float* w = n.affine_scale.data();
-  const float* sh = n.affine_shift.data();
-  const double count = static_cast<double>(rows * Cg * inner);
-  parallel_range(N * G, 1, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const int64_t s = t / G, c0 = t % G * Cg;
-      auto each = [&](auto&& f) {  // f(flat index, channel) over the group's values
-        for (int64_t r = s * rows; r < (s + 1) * rows; ++r) {
-          for (int64_t c = c0; c < c0 + Cg; ++c) {
-            const int64_t base = (r * C + c) * inner;
-            for (int64_t i = 0; i < inner; ++i) f(base + i, c);
-          }
-        }
-      };
-      auto value = [&](int64_t k) { return u8 ? qx.deq(x[k]) : xf[k]; };
-      double sum = 0.0;
-      each([&](int64_t k, int64_t) { sum += value(k); });
-      const double mean = sum / count;
-      double sq = 0.0;
-      each([&](int64_t k, int64_t) {
-        const double d = value(k) - mean;
-        sq += d * d;
-      });
-      const float m = static_cast<float>(mean);
-      const float inv = static_cast<float>(1.0 / std::sqrt(sq / count + static_cast<double>(n.act_min)));
-      each([&](int64_t k, int64_t c) {
-        const float v = (value(k) - m) * inv * w[c] + sh[c];
+  parallel_range(N, 1, [&](int64_t b, int64_t e) {
+    std::vector<double> s1(static_cast<size_t>(C)), s2(static_cast<size_t>(C)), mean(static_cast<size_t>(G)),
+        var(static_cast<size_t>(G));
+    std::vector<float> a(static_cast<size_t>(C)), sh(static_cast<size_t>(C)), mc(static_cast<size_t>(C));
+    auto sums = [&](int64_t base, bool sq) {  // per-channel sums of the sample into s1 / s2
+      double* s = sq ? s2.data() : s1.data();
+      std::fill(s, s + C, 0.0);
+      if (inner == 1) {
         if (u8) {
-          y[k] = qy.quant(v);
+          channel_sums(x + base, rows, C, nullptr, qx.zp, sq, s);
         } else {
-          yf[k] = v;
+          channel_sums(xf + base, rows, C, mc.data(), 0, sq, s);
         }
-      });
+        return;
+      }
+      for (int64_t r = 0; r < rows; ++r) {  // [N, C, L]: each channel's run of `inner` values
+        for (int64_t c = 0; c < C; ++c) {
+          const int64_t k0 = base + (r * C + c) * inner;
+          double t = 0.0;
+          for (int64_t i = 0; i < inner; ++i) {
+            const double v = u8 ? static_cast<double>(int32_t(x[k0 + i]) - qx.zp) : xf[k0 + i] - mc[c];
+            t += sq ? v * v : v;
+          }
+          s[c] += t;
+        }
+      }
+    };
+    auto group_total = [&](const std::vector<double>& s, int64_t g) {
+      double t = 0.0;
+      for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) t += s[c];
+      return t;
+    };
+    for (int64_t smp = b; smp < e; ++smp) {
+      const int64_t base = smp * per_sample;
+      std::fill(mc.begin(), mc.end(), 0.0f);
+      sums(base, false);
+      for (int64_t g = 0; g < G; ++g) mean[g] = group_total(s1, g) / count;  // (u8: in quanta, exact sums)
+      if (u8) {  // var from the exact integer sums: E[v^2] - E[v]^2, in quanta
+        sums(base, true);
+        for (int64_t g = 0; g < G; ++g) {
+          var[g] = std::max(0.0, group_total(s2, g) / count - mean[g] * mean[g]) * qx.scale * qx.scale;
+          mean[g] *= qx.scale;
+        }
+      } else {  // the squares of x - the group's mean: a second pass, no cancellation
+        for (int64_t c = 0; c < C; ++c) mc[c] = static_cast<float>(mean[c / Cg]);
+        sums(base, true);
+        for (int64_t g = 0; g < G; ++g) var[g] = group_total(s2, g) / count;
+      }
+      // y = (x - mean) inv w[c] + shift[c] = x a[c] + sh[c]
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t g = c / Cg;
+        const double ac = n.affine_scale[c] / std::sqrt(var[g] + static_cast<double>(n.act_min));
+        if (u8) {  // in quanta: ((q - zx) sx a + shift - mean a) / sy
+          a[c] = static_cast<float>(ac * qx.scale / qy.scale);
+          sh[c] = static_cast<float>((n.affine_shift[c] - mean[g] * ac) / qy.scale);
+        } else {
+          a[c] = static_cast<float>(ac);
+          sh[c] = static_cast<float>(n.affine_shift[c] - mean[g] * ac);
+        }
+      }
+      if (u8) {
+        affine_u8(x + base, rows, C, inner, a.data(), sh.data(), static_cast<float>(qx.zp),
+                  static_cast<float>(qy.zp), y + base);
+        continue;
+      }
+      const float* __restrict ap = a.data();
+      const float* __restrict bp = sh.data();
+      for (int64_t r = 0; r < rows; ++r) {
+        if (inner == 1) {
+          const float* __restrict p = xf + base + r * C;
+          float* __restrict q = yf + base + r * C;
+          for (int64_t c = 0; c < C; ++c) q[c] = p[c] * ap[c] + bp[c];
+          continue;
+        }
+        for (int64_t c = 0; c < C; ++c) {
+          const int64_t k0 = base + (r * C + c) * inner;
+          for (int64_t i = 0; i < inner; ++i) yf[k0 + i] = xf[k0 + i] * ap[c] + bp[c];
+        }
+      }
     }
   });
 }
@@ -1626,8 +1705,25 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
         return;
       }
       parallel_range(count, kGrain, [&](int64_t b, int64_t e) {
-        if (u8) {
-          for (int64_t i = b; i < e; ++i) y[i] = qy.quant(activate(act, lo, hi, qx.deq(x[i]) + q1.deq(x1[i])));
+        if (u8) {  // (GELU, SiLU...) in float chunks: the sums, the activation's vector code, quantized
+          thread_local std::vector<float> s0, s1;
+          constexpr int64_t kChunk = 4096;
+          s0.resize(kChunk);
+          s1.resize(kChunk);
+          for (int64_t c0 = b; c0 < e; c0 += kChunk) {
+            const int64_t len = std::min(kChunk, e - c0);
+            for (int64_t i = dequantize_u8_vector(x + c0, len, qx.scale, qx.zp, s0.data()); i < len; ++i) {
+              s0[i] = qx.deq(x[c0 + i]);
+            }
+            for (int64_t i = dequantize_u8_vector(x1 + c0, len, q1.scale, q1.zp, s1.data()); i < len; ++i) {
+              s1[i] = q1.deq(x1[c0 + i]);
+            }
+            for (int64_t i = 0; i < len; ++i) s0[i] += s1[i];
+            activate_f32(act, lo, hi, s0.data(), len, s0.data());
+            const float inv = 1.0f / qy.scale;
+            for (int64_t i = 0; i < len; ++i) s0[i] *= inv;
+            store_u8(s0.data(), len, static_cast<float>(qy.zp), y + c0);
+          }
         } else {
           const float* a = xf;
           const float* c = reinterpret_cast<const float*>(x1);

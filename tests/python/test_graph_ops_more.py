@@ -367,6 +367,30 @@ def test_an_f32_add_with_an_activation_matches_pytorch(act, threads):
         qpack.set_num_threads(1)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("act", ["gelu", "silu", "hardswish"])
+def test_a_u8_add_with_an_activation_within_one_quantum(act, threads):
+    """A u8 add with its activation fused (FastViT's int8 graph: add then GELU) computes
+    in float chunks with the activation's vector code (the scalar erf per value doubled
+    the model's time): within one quantum of quantize(act(dequantize(a) +
+    dequantize(b))), across chunk edges and threads."""
+    fn = {"gelu": F.gelu, "silu": F.silu, "hardswish": F.hardswish}[act]
+    (sa, za), (sb, zb), (sy, zy) = (0.05, 120), (0.03, 140), (0.04, 30)
+    g = _core.GraphHandle([("u8", sa, za), ("u8", sb, zb), ("u8", sy, zy)],
+                          [dict(kind="add", inputs=[0, 1], output=2, activation=act)], [0, 1], [2])
+    rng = np.random.RandomState(17)
+    qpack.set_num_threads(threads)
+    try:
+        for n in (1, 4097, 50177):
+            a, b = rng.randint(0, 256, n).astype(np.uint8), rng.randint(0, 256, n).astype(np.uint8)
+            y = g.run([a, b], ["nchw", "nchw"])[0].astype(np.int32)
+            real = fn((torch.from_numpy(a).float() - za) * sa + (torch.from_numpy(b).float() - zb) * sb)
+            ref = torch.clamp(torch.round(real / sy) + zy, 0, 255).numpy().astype(np.int32)
+            assert np.abs(y - ref).max() <= 1, (act, n)
+    finally:
+        qpack.set_num_threads(1)
+
+
 @pytest.mark.parametrize("n", [1, 7, 16, 33, 100003])
 def test_vector_gelu_matches_pytorch(n):
     """Within 1e-6 of PyTorch's GELU in float64 (and within 1e-6 of its float32 GELU where
