@@ -319,6 +319,12 @@ class _Lowering:
         if (m is not None and isinstance(m, _IDENTITY_MODULES)) or self.is_eval_dropout(node):
             self.value_of[node] = self.arg(node.args[0])
             return
+        if (node.op == "call_method" and node.target in ("contiguous", "float") and len(node.args) == 1
+                and not node.kwargs and node.args[0] not in self.channels_last):
+            # the same values (a graph value is float32, stored as the core lays it out):
+            # CSPNet's x.contiguous() between convolutions
+            self.value_of[node] = self.arg(node.args[0])
+            return
         if isinstance(m, (FrozenConv1d, FrozenConv2d, FrozenLinear)):
             if len(node.args) != 1:
                 raise Unsupported("a layer called with more than its input")
@@ -1060,12 +1066,12 @@ def _split_parts(node, modules):
         return None
     users = list(node.users)
     if not users or not all(u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int)
-                            and 0 <= u.args[1] < len(sizes) and not _mutated(u, modules) for u in users):
-        return None
+                            and -len(sizes) <= u.args[1] < len(sizes) and not _mutated(u, modules) for u in users):
+        return None  # (a negative index counts from the end: Res2Net's spx[-1])
     if _mutated(x, modules):
         return None
     offsets = [sum(sizes[:i]) for i in range(len(sizes))]
-    return {u: (offsets[u.args[1]], sizes[u.args[1]]) for u in users}
+    return {u: (offsets[u.args[1] % len(sizes)], sizes[u.args[1] % len(sizes)]) for u in users}
 
 
 def _only_user(node):

@@ -481,3 +481,23 @@ def test_a_square_runs_in_the_core(dtype):
     frozen = _frozen_as_eager(StarReLUBlock().eval(), torch.randn(2, 3, 8, 8), dtype)
     assert G.runner_of(frozen)._gm is None
     assert [n["kind"] for n in G.runner_of(frozen)._spec["nodes"]].count("mul") == 3
+
+
+class Contiguous(nn.Module):
+    """CSPNet's x.contiguous() between convolutions, and a .float() on a float value."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 6, 3, padding=1), nn.Conv2d(6, 4, 1)
+
+    def forward(self, x):
+        return self.b(F.relu(self.a(x)).contiguous()).float()
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_contiguous_and_float_are_no_ops_in_the_graph(dtype):
+    """x.contiguous() and x.float() of a graph value are that value (CSPResNet-50 ran as 5
+    segments around its contiguous() calls: now one graph); eager's values."""
+    torch.manual_seed(8)
+    frozen = _frozen_as_eager(Contiguous().eval(), torch.randn(2, 3, 8, 8), dtype)
+    assert G.runner_of(frozen)._gm is None

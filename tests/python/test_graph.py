@@ -928,7 +928,7 @@ class SlicesAndSplits(nn.Module):
         sp = torch.split(y, [3, 4, 2], 1)
         y = torch.cat([self.mix[i](sp[i]) for i in range(3)], 1)
         parts = y.split(4, dim=1)                                                 # 4, 4, 1
-        y = torch.cat([parts[2], parts[0], F.relu(parts[1])], 1)
+        y = torch.cat([parts[-1], parts[0], F.relu(parts[1])], 1)               # (Res2Net's spx[-1])
         y = self.c(y)
         y = torch.cat([y[:, 0:3] + x, y[:, 3:]], dim=1)                           # rexnet
         return y
