@@ -888,8 +888,69 @@ def _subclass_rules(model, rules):
         base = next((b for b in bases if isinstance(m, b)), None)
         if t in rules or base is None or verdict.get(t) is False:
             continue
-        verdict[t] = _computes_as(m, base)
-    return {t: rules[next(b for b in bases if issubclass(t, b))] for t, same in verdict.items() if same}
+        verdict[t] = _computes_as(m, base) or (base is not nn.Linear and _effective_conv(m) is not None and "weight")
+    out = {}
+    for t, same in verdict.items():
+        rule = rules[next(b for b in bases if issubclass(t, b))]
+        if same == "weight":  # its weight made in forward (weight standardization): packed as made
+            rule = Rule(_effective_weight_converter(rule.convert), rule.fold_bn, rule.fuse_activation)
+        if same:
+            out[t] = rule
+    return out
+
+
+class _ConvWithWeight:
+    """A convolution's geometry with another weight and bias (what its forward made)."""
+
+    def __init__(self, mod, weight, bias):
+        self._mod, self.weight, self.bias = mod, weight, bias
+
+    def __getattr__(self, name):
+        return getattr(self._mod, name)
+
+
+def _effective_weight_converter(convert):
+    def convert_made_weight(mod, ctx, bn=None, activation=None):
+        made = _effective_conv(mod)
+        return None if made is None else convert(_ConvWithWeight(mod, *made), ctx, bn, activation)
+    return convert_made_weight
+
+
+def _effective_conv(m):
+    """(weight, bias) a Conv1d / Conv2d subclass hands F.conv1d / F.conv2d when its forward
+    is that one call on its input with its own geometry and a weight made from its
+    parameters alone (timm's StdConv2d / ScaledStdConv2d: weight standardization, BiT's
+    and NF-ResNet's), the same on two random inputs; else None."""
+    fn = F.conv1d if isinstance(m, nn.Conv1d) else F.conv2d
+    name = fn.__name__
+    g = torch.Generator().manual_seed(1)
+    size = [(k - 1) * d + 1 + s for k, d, s in zip(m.kernel_size, m.dilation, m.stride)]
+    made = []
+    for _ in range(2):
+        x = torch.randn(1, m.in_channels, *size, generator=g)
+        calls = []
+
+        def capture(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+            y = fn(inp, weight, bias, stride, padding, dilation, groups)
+            calls.append((inp, weight, bias, stride, padding, dilation, groups, y))
+            return y
+        setattr(F, name, capture)
+        try:
+            with torch.no_grad():
+                out = m(x)
+        except Exception:  # noqa: BLE001 - a forward that does not take a plain tensor: leave it
+            return None
+        finally:
+            setattr(F, name, fn)
+        if len(calls) != 1:
+            return None
+        inp, weight, bias, stride, padding, dilation, groups, y = calls[0]
+        geometry = (tuple(stride) if isinstance(stride, (tuple, list)) else stride, padding, dilation, groups)
+        if inp is not x or out is not y or geometry != (m.stride, m.padding, m.dilation, m.groups) or \
+                weight.shape != m.weight.shape or (bias is not None and bias is not m.bias):
+            return None
+        made.append((weight.detach().clone(), bias))
+    return made[0] if torch.equal(made[0][0], made[1][0]) else None
 
 
 def _computes_as(m, base):

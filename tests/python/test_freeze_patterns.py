@@ -501,3 +501,38 @@ def test_contiguous_and_float_are_no_ops_in_the_graph(dtype):
     torch.manual_seed(8)
     frozen = _frozen_as_eager(Contiguous().eval(), torch.randn(2, 3, 8, 8), dtype)
     assert G.runner_of(frozen)._gm is None
+
+
+class StdConv2d(nn.Conv2d):
+    """timm's StdConv2d (BiT, NF-ResNet): the weight standardized in forward, then F.conv2d."""
+
+    def forward(self, x):
+        w = F.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None, training=True, momentum=0.0,
+                         eps=1e-6).reshape_as(self.weight)
+        return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class PadsFirst(nn.Conv2d):
+    """Pads its input before the convolution (timm's Conv2dSame): not a plain conv of x."""
+
+    def forward(self, x):
+        return F.conv2d(F.pad(x, (1, 1, 1, 1)), self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_a_conv_whose_forward_makes_its_weight_is_packed_with_that_weight(dtype):
+    """A Conv2d subclass whose forward is one F.conv2d of its input with a weight made from
+    its parameters (weight standardization) is frozen with the weight it makes (timm's
+    nf_resnet50 and resnetv2_50x1_bit ran their convolutions in PyTorch: 120 ms against
+    ORT's 46); one that does something to its input first stays as it is; eager's values;
+    unfreeze gives an nn.Conv2d computing the same."""
+    torch.manual_seed(9)
+    model = nn.Sequential(StdConv2d(3, 8, 3, padding=1), nn.ReLU(), StdConv2d(8, 8, 1, bias=False),
+                          PadsFirst(8, 4, 3)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    frozen = _frozen_as_eager(model, x, dtype)
+    assert isinstance(frozen[0], qpack.torch.FrozenConv2d) and isinstance(frozen[2], qpack.torch.FrozenConv2d)
+    assert type(frozen[3]) is PadsFirst
+    if dtype is None:
+        with torch.no_grad():
+            assert rel_err(qpack.unfreeze(frozen)(x), model(x)) < 1e-5
