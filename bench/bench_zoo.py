@@ -45,6 +45,8 @@ def import_zoo(lib):
 
 
 def rel(a, b):
+    if isinstance(b, dict):  # segmentation models' {"out": ..., "aux": ...}: the worst entry
+        return max(rel(a[k], b[k]) for k in b)
     return float((a - b).norm() / b.norm())
 
 
@@ -78,7 +80,13 @@ def zoo_args(doc, batch=False):
 def zoo_model(spec, torchvision, timm):
     """(model with trained-like BatchNorm statistics, eval; its input size) for tv:NAME / timm:NAME."""
     src, name = spec.split(":")
-    model = torchvision.models.get_model(name) if src == "tv" else timm.create_model(name, pretrained=False)
+    if src == "tv":
+        try:  # segmentation / detection models: no pretrained backbone either (no download)
+            model = torchvision.models.get_model(name, weights=None, weights_backbone=None)
+        except TypeError:
+            model = torchvision.models.get_model(name)
+    else:
+        model = timm.create_model(name, pretrained=False)
     size = 299 if "inception" in name else 224
     if src == "timm":  # the size it was made for (MaxViT-nano: 256)
         size = (getattr(model, "pretrained_cfg", None) or {}).get("input_size", (3, size, size))[-1]
