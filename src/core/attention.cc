@@ -36,7 +36,6 @@ Head head(const AttentionF32& a, int64_t b, int64_t h) {
               a.q_stride[2], a.k_stride[2], a.v_stride[2], a.out_stride[2], a.mask_stride[2]};
 }
 
-
 // Keys past query i's own position get no weight (PyTorch's is_causal).
 inline int64_t keys_seen(const AttentionF32& a, int64_t i) { return a.causal ? std::min(a.S, i + 1) : a.S; }
 

@@ -223,6 +223,12 @@ void store_u8(const float* v, int64_t n, float zp, uint8_t* y) {
   for (int64_t i = quantize_u8_vector(v, n, 1.0f, zp, y); i < n; ++i) y[i] = round_u8(v[i], zp);
 }
 
+// y[i] = q.deq(x[i]): the vector dequantizer for the prefix it does, then the
+// scalar one (the same values); store_u8's counterpart.
+void load_f32(const uint8_t* x, int64_t n, const Q& q, float* y) {
+  for (int64_t i = dequantize_u8_vector(x, n, q.scale, q.zp, y); i < n; ++i) y[i] = q.deq(x[i]);
+}
+
 // y = round_u8((x - zx) m[c] + b[c], zy) over outer x channels x inner values
 // (channel c's m[c] and b[c] for each run of inner values; b NULL: no shift):
 // the u8 affine node and the per-channel u8 mul. AVX-512 (vec_math.cc) or
@@ -1512,14 +1518,6 @@ void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* output
 
 namespace {
 
-// GroupNorm (a LAYER_NORM node with kernel_h = 0): each sample's channels in
-// kernel_w groups, each group normalized over its channels and every spatial
-// position, (x - mean) / sqrt(var + eps) * scale[c] + shift[c], var biased.
-// The stored value is samples of rows x C x inner (split_channels: NHWC
-// pixels' channels, or [N, C, L]). Per sample: per-channel sums (u8: exact
-// integer sums of x - zero point and of its square; f32: in double, then the
-// squares of x - the group's mean, a second pass), the groups' statistics,
-// then one per-channel affine: y = x a[c] + b[c] (u8: affine_u8, requantized).
 // Per-channel sums over `rows` rows of C values (stride C), blocks of 64 rows
 // accumulated in a float / int32 vector (which vectorizes), added into s in
 // double: sum of x (sq = false) or of (x - m[c])^2 (sq = true; f32) / of
@@ -1549,6 +1547,14 @@ void channel_sums(const T* x, int64_t rows, int64_t C, const float* m, int32_t z
   }
 }
 
+// GroupNorm (a LAYER_NORM node with kernel_h = 0): each sample's channels in
+// kernel_w groups, each group normalized over its channels and every spatial
+// position, (x - mean) / sqrt(var + eps) * scale[c] + shift[c], var biased.
+// The stored value is samples of rows x C x inner (split_channels: NHWC
+// pixels' channels, or [N, C, L]). Per sample: per-channel sums (u8: exact
+// integer sums of x - zero point and of its square; f32: in double, then the
+// squares of x - the group's mean, a second pass), the groups' statistics,
+// then one per-channel affine: y = x a[c] + b[c] (u8: affine_u8, requantized).
 void group_norm(const Shape& xs, const GraphNode& n, bool u8, const Q& qx, const Q& qy, const uint8_t* x,
                 uint8_t* y) {
   int64_t outer, C, inner;
@@ -1712,12 +1718,8 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
           s1.resize(kChunk);
           for (int64_t c0 = b; c0 < e; c0 += kChunk) {
             const int64_t len = std::min(kChunk, e - c0);
-            for (int64_t i = dequantize_u8_vector(x + c0, len, qx.scale, qx.zp, s0.data()); i < len; ++i) {
-              s0[i] = qx.deq(x[c0 + i]);
-            }
-            for (int64_t i = dequantize_u8_vector(x1 + c0, len, q1.scale, q1.zp, s1.data()); i < len; ++i) {
-              s1[i] = q1.deq(x1[c0 + i]);
-            }
+            load_f32(x + c0, len, qx, s0.data());
+            load_f32(x1 + c0, len, q1, s1.data());
             for (int64_t i = 0; i < len; ++i) s0[i] += s1[i];
             activate_f32(act, lo, hi, s0.data(), len, s0.data());
             const float inv = 1.0f / qy.scale;
@@ -1953,9 +1955,7 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
           for (int64_t r0 = b; r0 < e; r0 += block) {
             const int64_t n_el = (std::min(e, r0 + block) - r0) * C;
             const uint8_t* xb = x + r0 * C;
-            for (int64_t i = dequantize_u8_vector(xb, n_el, qx.scale, qx.zp, buf.data()); i < n_el; ++i) {
-              buf[i] = qx.deq(xb[i]);
-            }
+            load_f32(xb, n_el, qx, buf.data());
             layer_norm_rows(buf.data(), n_el / C, C, wq.data(), bq.data(), n.act_min, buf.data());
             store_u8(buf.data(), n_el, zy, y + r0 * C);
           }
@@ -2186,11 +2186,7 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
         }
         return;
       }
-      parallel_range(count, kGrain, [&](int64_t b, int64_t e) {
-        for (int64_t i = b + dequantize_u8_vector(x + b, e - b, qx.scale, qx.zp, yf + b); i < e; ++i) {
-          yf[i] = qx.deq(x[i]);
-        }
-      });
+      parallel_range(count, kGrain, [&](int64_t b, int64_t e) { load_f32(x + b, e - b, qx, yf + b); });
       return;
   }
 }
