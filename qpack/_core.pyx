@@ -78,8 +78,9 @@ def choose_qparams_u8(float lo, float hi, int32_t qmax=255):
 def attention_f32(q, k, v, out, float scale, bint causal=False, mask=None):
     """out = softmax(scale q k^T [+ mask]) v per batch and head (qpack_attention_f32_mask).
     q, k, v, out: float32 numpy arrays [B, H, rows, D] with contiguous rows (any strides
-    above; v's and out's rows may have another size Dv than q's and k's); mask: None or a float32 array [B, H, L, S] with contiguous rows (strides 0
-    where it is broadcast: np.broadcast_to)."""
+    above; v's and out's rows may have another size Dv than q's and k's); mask: None
+    or a float32 array [B, H, L, S] with contiguous rows (strides 0 where it is
+    broadcast: np.broadcast_to)."""
     cdef int64_t qs[3], ks[3], vs[3], os_[3], ms[3]
     named = (("q", q), ("k", k), ("v", v), ("out", out)) + ((("mask", mask),) if mask is not None else ())
     for name, a in named:

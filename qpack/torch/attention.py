@@ -46,16 +46,18 @@ def _core_can_run(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa):
                 or t.requires_grad and torch.is_grad_enabled()):
             return False
     B, H, L, D = q.shape
-    if not (k.shape[0] == B and k.shape[1] == H and k.shape[3] == D and v.shape[:3] == k.shape[:3]
-            and k.shape[2] > 0 and D > 0 and v.shape[3] > 0):
-        return False
-    return _core_mask(attn_mask, B, H, L, k.shape[2]) is not False
+    return (k.shape[0] == B and k.shape[1] == H and k.shape[3] == D and v.shape[:3] == k.shape[:3]
+            and k.shape[2] > 0 and D > 0 and v.shape[3] > 0)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     """PyTorch's F.scaled_dot_product_attention, on qpack's core where it applies."""
-    if not _core_can_run(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+    mask = False  # the mask as the core takes it (None: no mask), False: PyTorch's call
+    if _core_can_run(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+        B, H, L, _ = query.shape
+        mask = _core_mask(attn_mask, B, H, L, key.shape[2])
+    if mask is False:
         kw = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
         if enable_gqa:
             kw["enable_gqa"] = True
@@ -64,7 +66,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     out = torch.empty((B, H, L, value.shape[3]), dtype=torch.float32)
     s = (1.0 / D ** 0.5) if scale is None else float(scale)
     q, k, v = (_rows(t) for t in (query, key, value))
-    _core.attention_f32(q, k, v, out.numpy(), s, bool(is_causal), mask=_core_mask(attn_mask, B, H, L, key.shape[2]))
+    _core.attention_f32(q, k, v, out.numpy(), s, bool(is_causal), mask=mask)
     return out
 
 

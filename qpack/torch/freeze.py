@@ -924,10 +924,9 @@ def _effective_conv(m):
     fn = F.conv1d if isinstance(m, nn.Conv1d) else F.conv2d
     name = fn.__name__
     g = torch.Generator().manual_seed(1)
-    size = [(k - 1) * d + 1 + s for k, d, s in zip(m.kernel_size, m.dilation, m.stride)]
     made = []
     for _ in range(2):
-        x = torch.randn(1, m.in_channels, *size, generator=g)
+        x = _probe_input(m, g)
         calls = []
 
         def capture(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
@@ -953,14 +952,19 @@ def _effective_conv(m):
     return made[0] if torch.equal(made[0][0], made[1][0]) else None
 
 
+def _probe_input(m, g):
+    """A small random input layer m takes: [2, in_features], or [1, in_channels, ...]
+    just larger than a convolution's dilated kernel."""
+    if isinstance(m, nn.Linear):
+        return torch.randn(2, m.in_features, generator=g)
+    size = [(k - 1) * d + 1 + s for k, d, s in zip(m.kernel_size, m.dilation, m.stride)]
+    return torch.randn(1, m.in_channels, *size, generator=g)
+
+
 def _computes_as(m, base):
     g = torch.Generator().manual_seed(0)
     try:
-        if base is nn.Linear:
-            x = torch.randn(2, m.in_features, generator=g)
-        else:
-            size = [(k - 1) * d + 1 + s for k, d, s in zip(m.kernel_size, m.dilation, m.stride)]
-            x = torch.randn(1, m.in_channels, *size, generator=g)
+        x = _probe_input(m, g)
         with torch.no_grad():
             return bool(torch.equal(m(x), base.forward(m, x)))
     except Exception:  # noqa: BLE001 - whatever it does, it is not the base class's forward

@@ -454,9 +454,9 @@ class _Lowering:
         if node.op == "call_function" and node.target is channel_scale:
             x, scale = node.args
             t = _attr_tensor(self.gm, scale)
-            c = channels_of(x) if channels_of(x) is not None else (t.numel() if t is not None else None)
-            if t is None or c is None or t.numel() != c:  # (x's channels unknown: the constant's, which
-                raise Unsupported("a channel scale that is not a constant of the value's channels")  # the core checks)
+            c = _channels_or_constant(x, t)
+            if t is None or c is None or t.numel() != c:
+                raise Unsupported("a channel scale that is not a constant of the value's channels")
             self.emit_checked(node, "affine", [x], scale=t.detach().float().reshape(-1).numpy().copy(),
                               shift=np.zeros(c, np.float32))
             return
@@ -467,8 +467,8 @@ class _Lowering:
         gn = _group_norm_args(node, self.modules)
         if gn is not None:
             x, groups, weight, bias, eps = gn
-            t = _attr_tensor(self.gm, weight) if isinstance(weight, torch.fx.Node) else weight
-            c = channels_of(x) if channels_of(x) is not None else (t.numel() if t is not None else None)
+            c = _channels_or_constant(x, _attr_tensor(self.gm, weight) if isinstance(weight, torch.fx.Node)
+                                      else weight)
             if not isinstance(groups, int) or c is None or groups < 1 or c % groups:
                 raise Unsupported("a GroupNorm whose groups or channels the trace cannot tell")
             self.emit_layer_norm(node, x, (c,), weight, bias, eps, dim=1, groups=groups)
@@ -1126,6 +1126,13 @@ def channels_of(node):
     return node.meta.get("qpack_channels") if isinstance(node, torch.fx.Node) else None
 
 
+def _channels_or_constant(x, t):
+    """x's channels, or where the trace cannot tell them the count of the per-channel
+    constant t applied to it (None: neither; the core checks them when it plans)."""
+    c = channels_of(x)
+    return c if c is not None or t is None else t.numel()
+
+
 def _channels(node, modules):
     """Dim 1 of a node's value from its layer or its inputs', or None."""
     x = node.args[0] if node.args else None
@@ -1469,20 +1476,12 @@ def _is_matmul(node):
 
 
 def _by_number(node):
-    """(x, c) when node is x * c, c * x or x / c for a number c (one user), else None."""
-    if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and len(node.args) == 2
-            and not node.kwargs and len(node.users) == 1):
+    """(x, c) when node is x scaled by a number c (x * c, c * x, x / c: _scalar_affine
+    without a shift) and read by one op only, else None."""
+    scalar = _scalar_affine(node) if isinstance(node, torch.fx.Node) else None
+    if scalar is None or scalar[2] != 0.0 or len(node.users) != 1:
         return None
-    a, b = node.args
-    number = (int, float)
-    if node.target in (operator.mul, torch.mul):
-        if isinstance(b, number) and not isinstance(b, bool) and isinstance(a, torch.fx.Node):
-            return a, float(b)
-        if isinstance(a, number) and not isinstance(a, bool) and isinstance(b, torch.fx.Node):
-            return b, float(a)
-    if node.target in (operator.truediv, torch.div) and isinstance(b, number) and not isinstance(b, bool) and b:
-        return a, 1.0 / float(b)
-    return None
+    return scalar[0], scalar[1]
 
 
 def _explicit_attention(node):
@@ -1658,7 +1657,7 @@ def canonicalize(gm):
             with g.inserting_before(node):
                 neg = g.call_function(operator.mul, (b, -1.0))
             neg.meta.update(qpack_rank=rank_of(b), qpack_channels=channels_of(b))
-            new = replace(node, operator.add, (a, neg))
+            replace(node, operator.add, (a, neg))
             continue
         elif (bn := _flat_rows_bn(node, modules)) is not None:
             x, mod, flat = bn
@@ -1771,7 +1770,8 @@ _ADD_MUL = {operator.add, operator.iadd, torch.add, operator.mul, operator.imul,
 def _constant_attr(node, gm=None):
     """A get_attr node read only as a constant by the ops that use it: qparams of
     convert_fx's quantize / quantized add, statistics and affine of F.batch_norm (and
-    of the layer and group norms), a constant of the last dim that a value is multiplied by or added to (with gm)."""
+    of the layer and group norms), a constant of the last dim that a value is
+    multiplied by or added to (with gm)."""
     def constant_operand(u):
         if not ((u.op == "call_function" and u.target in _ADD_MUL) or
                 (u.op == "call_method" and u.target in ("add", "add_", "mul", "mul_"))):
