@@ -1,14 +1,15 @@
 """Static int8 convolutions on qpack's own oneDNN-backend kernels against oneDNN 3.2's
 kernels on the same packed weights, and PyTorch's x86 quantized conv: MobileNetV2's ten
-depthwise shapes (src/backends/onednn/depthwise_u8.cc), and its 1x1 shapes with ResNet-18's
-strided 1x1 (pointwise_u8.cc); batch 1, uint8 channels-last in and out, fused ReLU6.
+depthwise shapes (src/backends/onednn/depthwise_u8.cc), its 1x1 shapes with ResNet-18's
+strided 1x1 (pointwise_u8.cc), and first layers over 1-3 channels (pointwise_u8.cc's windows,
+"same" padding); batch 1, uint8 channels-last in and out, fused ReLU6.
 
-    .venv/bin/python bench/bench_own_kernels.py [--kind depthwise|pointwise|all] [--reps N] [--threads 1]
+    .venv/bin/python bench/bench_own_kernels.py [--kind depthwise|pointwise|window|all] [--reps N] [--threads 1]
 
-oneDNN's kernel runs the convolutions made while QPACK_ONEDNN_OWN_DEPTHWISE=0 or
-QPACK_ONEDNN_OWN_POINTWISE=0 (read when a convolution is made); where qpack keeps oneDNN's
-kernel anyway (below 64 channels depthwise; blocks of 16 outputs, or many inputs over few
-pixels, 1x1) both columns run it. Medians over rounds that alternate the three
+oneDNN's kernel runs the convolutions made while QPACK_ONEDNN_OWN_DEPTHWISE=0,
+QPACK_ONEDNN_OWN_POINTWISE=0 or QPACK_ONEDNN_OWN_WINDOW=0 (read when a convolution is made);
+where qpack keeps oneDNN's kernel anyway (below 64 channels depthwise; blocks of 16 outputs,
+or many inputs over few pixels, 1x1; 3x3 windows over 3 channels) both columns run it. Medians over rounds that alternate the three
 configurations, so other load on the machine hits all of them alike.
 """
 import argparse
@@ -36,9 +37,15 @@ SHAPES = {
         (960, 160, 7, 1, 2), (960, 320, 7, 1, 1), (320, 1280, 7, 1, 1),
         # ResNet-18's downsampling 1x1 (not in MobileNetV2: counted 0)
         (64, 128, 56, 2, 0), (128, 256, 28, 2, 0), (256, 512, 14, 2, 0))],
+    # windows over 1-3 channels (pointwise_u8.h): ResNet's 7x7 stem, other first layers,
+    # MobileNetV2's 3x3 stem (oneDNN's kernel in both columns); counted in ResNet-18
+    "window": [((ci, co, h, k, s), n) for ci, co, h, k, s, n in (
+        (3, 64, 224, 7, 2, 1), (3, 24, 224, 5, 2, 0), (1, 32, 112, 3, 1, 0), (2, 64, 56, 3, 1, 0),
+        (3, 96, 224, 4, 4, 0), (3, 32, 224, 3, 2, 0))],
 }
 NARROW_ONLY = qpack.backends()["onednn"].get("int8_input_max", 255) == 127
-ENV = {"depthwise": "QPACK_ONEDNN_OWN_DEPTHWISE", "pointwise": "QPACK_ONEDNN_OWN_POINTWISE"}
+ENV = {"depthwise": "QPACK_ONEDNN_OWN_DEPTHWISE", "pointwise": "QPACK_ONEDNN_OWN_POINTWISE",
+       "window": "QPACK_ONEDNN_OWN_WINDOW"}
 
 
 def medians_us(fns, reps, rounds=10):
@@ -94,7 +101,7 @@ def torch_conv(kind, shape):
 
 def table(kind, reps, threads):
     print(f"int8 {kind} + ReLU6, batch 1, channels-last u8, {threads} thread(s), median of {reps} (µs)\n")
-    print(f"{'shape':<24} {'x in MNv2':>9} {'qpack kernel':>13} {'oneDNN kernel':>14} "
+    print(f"{'shape':<24} {'x in model':>9} {'qpack kernel':>13} {'oneDNN kernel':>14} "
           f"{'torch x86':>10} {'oneDNN/qpack':>13}")
     tot = [0.0, 0.0, 0.0]
     for shape, n in SHAPES[kind]:
@@ -105,20 +112,21 @@ def table(kind, reps, threads):
         name = f"{ci} @{h}² s{s}" if kind == "depthwise" else f"{ci}->{co} @{h}² s{s}"
         print(f"{name:<24} {n:>9} {times[0]:>13.1f} {times[1]:>14.1f} {times[2]:>10.1f} "
               f"{times[1] / times[0]:>13.2f}")
-    print(f"{'MobileNetV2 total':<24} {'':>9} {tot[0]:>13.1f} {tot[1]:>14.1f} {tot[2]:>10.1f} "
+    model = "ResNet-18" if kind == "window" else "MobileNetV2"
+    print(f"{model + ' total':<24} {'':>9} {tot[0]:>13.1f} {tot[1]:>14.1f} {tot[2]:>10.1f} "
           f"{tot[1] / tot[0]:>13.2f}\n")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kind", choices=["depthwise", "pointwise", "all"], default="all")
+    p.add_argument("--kind", choices=["depthwise", "pointwise", "window", "all"], default="all")
     p.add_argument("--reps", type=int, default=300)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     qpack.set_num_threads(args.threads)
     torch.backends.quantized.engine = "x86"
-    for kind in (["depthwise", "pointwise"] if args.kind == "all" else [args.kind]):
+    for kind in (["depthwise", "pointwise", "window"] if args.kind == "all" else [args.kind]):
         table(kind, args.reps, args.threads)
 
 

@@ -300,6 +300,59 @@ def test_int8_pointwise_matches_torch(case, own, monkeypatch):
             assert (y.to(torch.int32) - ref).abs().max().item() <= 1, case
 
 
+def window_cases():
+    """Static int8 windows over 1 to 3 channels, where qpack's own kernel copies no taps (a
+    window row's channels, read 4 at a time, take fewer groups than its taps): ResNet's 7x7
+    stem, 5x5 and 3x3 over 1 or 2 channels, a 4x4 stride-4 patch embedding, a 3x5 kernel, with
+    and without padding, batches, every activation; and two shapes that stay on oneDNN's kernel
+    (3x3 over 3 channels, 7x1 over 3)."""
+    rng = random.Random(12)
+    out = []
+    for cin, cout, k, stride, pad in ((3, 64, (7, 7), 2, 3), (3, 24, (5, 5), 2, 2), (1, 32, (3, 3), 1, 1),
+                                      (2, 40, (3, 3), 1, 0), (3, 96, (4, 4), 4, 0), (2, 17, (3, 5), 1, 2),
+                                      (1, 70, (5, 5), 3, 4), (3, 32, (3, 3), 2, 1), (3, 16, (7, 1), 1, 3)):
+        hw = (rng.randint(k[0] + 1, k[0] + 30), rng.randint(k[1] + 1, k[1] + 30))
+        out.append(dict(batch=rng.randint(1, 3), cin=cin, cout=cout, groups=1, k=k, stride=(stride, stride),
+                        padding=(pad, pad), dilation=(1, 1), hw=hw, bias=rng.random() < 0.7,
+                        per_channel=rng.random() < 0.7, activation=rng.choice(ACTIVATIONS),
+                        channels_last=True))
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", window_cases(), ids=lambda c: f"{c['cin']}to{c['cout']}k{c['k'][0]}x{c['k'][1]}")
+def test_int8_window_matches_torch(case, threads, monkeypatch):
+    """oneDNN backend, static int8 windows over few channels: qpack's kernel (on AVX-512 VNNI
+    CPUs) and oneDNN's (QPACK_ONEDNN_OWN_WINDOW=0) within 1 of PyTorch's x86 engine, input
+    zero points 0 and 117 (the padded taps read it), channels-last and NCHW data, on 1 and 2
+    threads; the weights unpack bit-exactly from either packed form, after release too."""
+    check_int8("onednn", case)  # against torch; unpack after release
+    w, ws, b, x = make_int8(case)
+    before = qpack.get_num_threads()
+    qpack.set_num_threads(threads)
+    try:
+        ys = {}
+        for own in ("1", "0"):
+            monkeypatch.setenv("QPACK_ONEDNN_OWN_WINDOW", own)
+            conv = qpack.PackedConv2d(w, b, case["stride"], case["padding"], 1, 1, backend="onednn",
+                                      weight_scale=ws, output_scale=0.25, output_zero_point=98,
+                                      activation=case["activation"], retain=False)
+            assert torch.equal(conv.unpack()[0], w)
+            for zp in (0, 117):
+                ref = torch_qconv(ENGINE["onednn"], x, 0.04, zp, w, ws, b, case["stride"], case["padding"],
+                                  (1, 1), 1, 0.25, 98, case["activation"])
+                nhwc = conv(x, scale=0.04, zero_point=zp)
+                nchw = conv(x.contiguous(), scale=0.04, zero_point=zp)
+                assert nchw.is_contiguous()
+                for y in (nhwc, nchw):
+                    assert (y.to(torch.int32) - ref).abs().max().item() <= 1, (case, own, zp)
+                ys[own, zp] = nhwc.to(torch.int32)
+        for zp in (0, 117):
+            assert (ys["1", zp] - ys["0", zp]).abs().max().item() <= 1
+    finally:
+        qpack.set_num_threads(before)
+
+
 @pytest.mark.parametrize("case", cases(40, seed=2), ids=lambda c: f"g{c['groups']}k{c['k'][0]}x{c['k'][1]}")
 def test_fp32_grid(case):
     check_fp32(case)

@@ -31,7 +31,9 @@
 // (depthwise_u8.h, pointwise_u8.h: channels-last, NCHW data is reordered
 // around them) where they measured faster, reading the weights in the layout
 // oneDNN packed them in (checked once per packed weight, never assumed);
-// elsewhere on oneDNN's.
+// elsewhere on oneDNN's. Windows over 1-3 channels (pointwise_u8.h's, where
+// window_u8_fits) keep their weight plain, [OC][KH][KW][IC], which each run
+// lays out for the kernel; a process without that kernel re-packs it.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -63,7 +65,7 @@ using tag = dnnl::memory::format_tag;
 
 // qpack's own kernels on this backend: static int8, and fp32 depthwise on
 // planar (NCHW) data.
-enum class OwnKernel { none, depthwise, depthwise_avx2, pointwise, depthwise_nchw_f32 };
+enum class OwnKernel { none, depthwise, depthwise_avx2, pointwise, window, depthwise_nchw_f32 };
 
 // The own kernel that may run a convolution, by its parameters, its weights
 // (narrow: all within [-64, 64]) and this CPU.
@@ -88,6 +90,10 @@ OwnKernel own_kernel_for(const ConvSpec& spec, bool narrow_weights) {
       spec.pad_b == 0 && spec.pad_r == 0 && own_u8_available() &&
       own_enabled("QPACK_ONEDNN_OWN_POINTWISE")) {
     return OwnKernel::pointwise;
+  }
+  if (spec.groups == 1 && spec.dil_h == 1 && spec.dil_w == 1 && window_u8_fits(spec.IC, spec.KH, spec.KW) &&
+      own_u8_available() && own_enabled("QPACK_ONEDNN_OWN_WINDOW")) {
+    return OwnKernel::window;
   }
   return OwnKernel::none;
 }
@@ -128,6 +134,15 @@ void find_own_layout(Packed* packed, const ConvSpec& spec, OwnKernel kernel) {
     return;
   }
   if (l.data_type != static_cast<uint32_t>(dt::s8)) return;
+  if (kernel == OwnKernel::window) {  // plain [OC][KH][KW][IC]
+    const int64_t dims[4] = {spec.OC, spec.IC, spec.KH, spec.KW};
+    const int64_t strides[4] = {spec.KH * spec.KW * spec.IC, 1, spec.KW * spec.IC, spec.IC};
+    if (l.ndims == 4 && l.nblks == 0 && std::equal(dims, dims + 4, l.dims) &&
+        std::equal(strides, strides + 4, l.strides)) {
+      packed->own = kernel;
+    }
+    return;
+  }
   if (kernel == OwnKernel::depthwise || kernel == OwnKernel::depthwise_avx2) {
     const int64_t dims[5] = {spec.OC, 1, 1, spec.KH, spec.KW};
     const int64_t b = l.nblks == 1 ? l.blks[0] : 0;
@@ -252,8 +267,10 @@ class OnednnConv final : public ConvKernel {
 
  private:
   // The weight layout oneDNN wants for the channels-last problem N x H x W
-  // (its primitive with the zero points `zps`).
+  // (its primitive with the zero points `zps`); plain [OC][KH][KW][IC] for
+  // pointwise_u8's windows, which lay it out at each run.
   memory::desc wanted_md(int64_t N, int64_t H, int64_t W, int zps = kBothZp) const {
+    if (own_ == OwnKernel::window) return memory::desc(wei_dims(), wei_dt(), tag::acdb);
     return make_pd(N, H, W, tag::nhwc, tag::nhwc, memory::desc(wei_dims(), wei_dt(), tag::any),
                    split_, nullptr, zps)
         .weights_desc();
@@ -694,7 +711,13 @@ class OnednnConv final : public ConvKernel {
     const RequantU8 q{rq.src_scale, rq.src_zp, spec_.weight_scales.data(), spec_.per_channel(),
                       spec_.bias.empty() ? nullptr : spec_.bias.data(), spec_.clamp_min,
                       spec_.clamp_max, rq.dst_scale, rq.dst_zp};
-    if (own_ != OwnKernel::pointwise) {
+    if (own_ == OwnKernel::window) {
+      const WindowU8 window{spec_.IC, spec_.KH, spec_.KW, spec_.pad_t, spec_.pad_l};
+      PointwiseU8 a{src, dst, s.N, s.H, s.W, spec_.KH * spec_.KW * spec_.IC, spec_.OC, s.OH, s.OW,
+                    spec_.stride_h, spec_.stride_w, w, PointwiseWeights{}, nullptr, q};
+      a.window = &window;
+      pointwise_u8(a, num_threads());
+    } else if (own_ != OwnKernel::pointwise) {
       depthwise_u8(DepthwiseU8{src, dst, s.N, s.H, s.W, spec_.OC, s.OH, s.OW, spec_.KH, spec_.KW,
                                spec_.stride_h, spec_.stride_w, spec_.pad_t, spec_.pad_l,
                                spec_.dil_h, spec_.dil_w, w, packed.wblock, q},

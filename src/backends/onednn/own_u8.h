@@ -74,7 +74,7 @@ bool own_u8_available();
 // gemv_u8.h); false on other architectures.
 bool own_avx2_available();
 // False when the environment variable `name` is "0": QPACK_ONEDNN_OWN_DEPTHWISE,
-// QPACK_ONEDNN_OWN_POINTWISE, QPACK_ONEDNN_OWN_GEMM keep the convolutions or
+// QPACK_ONEDNN_OWN_POINTWISE, QPACK_ONEDNN_OWN_WINDOW, QPACK_ONEDNN_OWN_GEMM keep the convolutions or
 // linears made while it is set on oneDNN's kernels (to compare them).
 bool own_enabled(const char* name);
 // The calling thread's buffer number `slot` (0 or 1) of at least `size`

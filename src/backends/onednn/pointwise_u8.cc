@@ -62,13 +62,14 @@ struct Prepared {
   float* offset;   // bias[o] / dst_scale + dst_zero_point
   bool clamp_lo, clamp_hi;  // the bounds the saturating packs do not give
   uint8_t qmin, qmax;
-  int64_t groups;  // of 4 inputs
+  int64_t groups;  // of 4 inputs, per window row
   bool sum;        // PointwiseU8::sum
   float residual_mult;
+  int64_t rows = 1, row_stride = 0;  // a window's rows (KH) and their distance in x
 };
 
-Prepared prepare(const PointwiseU8& a, int64_t padded) {
-  auto* base = static_cast<uint8_t*>(own_u8_scratch(0, static_cast<size_t>(padded) * 12));
+// The constants of outputs [0, padded) in `base` (padded * 12 bytes).
+Prepared prepare(const PointwiseU8& a, int64_t padded, uint8_t* base) {
   Prepared p{reinterpret_cast<int32_t*>(base), reinterpret_cast<float*>(base + padded * 4),
              reinterpret_cast<float*>(base + padded * 8), true, true, 0, 255, (a.IC + 3) / 4, a.sum,
              a.residual_mult};
@@ -129,17 +130,20 @@ QPACK_PW_TARGET void tile(const uint8_t* const* x, int64_t group_stride, const i
     for (int r = 0; r < R; ++r) acc[r][j] = init;
   }
   const int64_t groups = p.groups;
-  for (int64_t g = 0; g < groups; ++g, w += group_stride) {
-    __m512i wv[J];
-    #pragma GCC unroll 24
-    for (int j = 0; j < J; ++j) wv[j] = _mm512_loadu_si512(w + 64 * j);
-    #pragma GCC unroll 24
-    for (int r = 0; r < R; ++r) {
-      int32_t four;
-      std::memcpy(&four, x[r] + 4 * g, 4);
-      const __m512i xb = _mm512_set1_epi32(four);
+  for (int64_t kh = 0; kh < p.rows; ++kh) {
+    const int64_t at = kh * p.row_stride;
+    for (int64_t g = 0; g < groups; ++g, w += group_stride) {
+      __m512i wv[J];
       #pragma GCC unroll 24
-      for (int j = 0; j < J; ++j) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], xb, wv[j]);
+      for (int j = 0; j < J; ++j) wv[j] = _mm512_loadu_si512(w + 64 * j);
+      #pragma GCC unroll 24
+      for (int r = 0; r < R; ++r) {
+        int32_t four;
+        std::memcpy(&four, x[r] + at + 4 * g, 4);
+        const __m512i xb = _mm512_set1_epi32(four);
+        #pragma GCC unroll 24
+        for (int j = 0; j < J; ++j) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], xb, wv[j]);
+      }
     }
   }
   // Requantized rows: the saturating packs clamp to [0, 255]; a fused
@@ -201,29 +205,33 @@ QPACK_PW_TARGET void tile(const uint8_t* const* x, int64_t group_stride, const i
   }
 }
 
-// Output pixels [begin, end) of image-flattened index, every output group.
-// With an input count that is not a multiple of 4 the last group reads up to
-// 3 bytes of the next pixel, against zero weights; a tile that would read
-// past the buffer's end reads its pixels from zero-padded copies.
+// Output pixels [begin, end) of image-flattened index, every output group of
+// the weight w (laid out as wl). Pixel (n, oh, ow) reads x + ((n H + oh SH) W
+// + ow SW) C, p.rows rows of 4 p.groups bytes p.row_stride apart: the input
+// itself (C = IC, rows 1), or a window's padded image (a.window: C its
+// channels, H x W the padded size). With a row that is not a multiple of 4
+// bytes the last group reads up to 3 bytes past it, against zero weights; a
+// tile that would read past x_end reads its pixels from zero-padded copies
+// (a pointwise run's last pixel; the padded image has the bytes).
 template <int J, int R>
-QPACK_PW_TARGET void run_pixels(const PointwiseU8& a, const Prepared& p, int64_t begin,
-                                int64_t end) {
+QPACK_PW_TARGET void run_pixels(const PointwiseU8& a, const Prepared& p, const int8_t* w,
+                                const PointwiseWeights& wl, const uint8_t* x0, int64_t H, int64_t W,
+                                int64_t C, const uint8_t* x_end, int64_t begin, int64_t end) {
   const __m512 lo = _mm512_set1_ps(p.qmin), hi = _mm512_set1_ps(p.qmax);
-  const int64_t padded_ic = 4 * p.groups;
-  const uint8_t* x_end = a.x + a.N * a.H * a.W * a.IC;
+  const int64_t padded_ic = 4 * p.groups, reach = (p.rows - 1) * p.row_stride + padded_ic;
   const uint8_t* x[R];
   uint8_t* y[R];
-  const bool dense = a.SH == 1 && a.SW == 1;  // output pixel q reads input pixel q
+  const bool dense = a.window == nullptr && a.SH == 1 && a.SW == 1;  // output pixel q reads input pixel q
   int64_t n = begin / (a.OH * a.OW), oh = begin / a.OW % a.OH, ow = begin % a.OW;
   for (int64_t p0 = begin; p0 < end; p0 += R) {
     const int rows = static_cast<int>(std::min<int64_t>(R, end - p0));
     for (int r = 0; r < rows; ++r) {
       y[r] = a.y + (p0 + r) * a.OC;
       if (dense) {
-        x[r] = a.x + (p0 + r) * a.IC;
+        x[r] = x0 + (p0 + r) * C;
         continue;
       }
-      x[r] = a.x + ((n * a.H + oh * a.SH) * a.W + ow * a.SW) * a.IC;
+      x[r] = x0 + ((n * H + oh * a.SH) * W + ow * a.SW) * C;
       if (++ow == a.OW) {
         ow = 0;
         if (++oh == a.OH) {
@@ -236,7 +244,7 @@ QPACK_PW_TARGET void run_pixels(const PointwiseU8& a, const Prepared& p, int64_t
       x[r] = x[rows - 1];
       y[r] = y[rows - 1];
     }
-    if (x[rows - 1] + padded_ic > x_end) {  // the buffer's last pixel, IC % 4 != 0
+    if (x[rows - 1] + reach > x_end) {  // the buffer's last pixel, IC % 4 != 0
       auto* copies = static_cast<uint8_t*>(own_u8_scratch(1, static_cast<size_t>(R * padded_ic)));
       for (int r = 0; r < R; ++r) {
         std::memcpy(copies + r * padded_ic, x[r], static_cast<size_t>(a.IC));
@@ -244,22 +252,80 @@ QPACK_PW_TARGET void run_pixels(const PointwiseU8& a, const Prepared& p, int64_t
         x[r] = copies + r * padded_ic;
       }
     }
-    for (int64_t b = 0; b < a.wl.blocks; ++b) {
-      tile<J, R>(x, a.wl.group_stride, a.w + b * a.wl.block_stride, p, b * 16 * J, a.OC, lo, hi, y,
-                 rows);
+    for (int64_t b = 0; b < wl.blocks; ++b) {
+      tile<J, R>(x, wl.group_stride, w + b * wl.block_stride, p, b * 16 * J, a.OC, lo, hi, y, rows);
     }
   }
 }
 
-template <int J, int R>
-void run(const PointwiseU8& a, int threads) {
-  const Prepared p = prepare(a, (a.OC + 16 * J - 1) / (16 * J) * 16 * J);
+// Parts of at least about 256K multiply-adds: smaller layers run on the caller.
+template <int R, typename Body>
+void for_tiles(const PointwiseU8& a, int threads, const Body& body) {
   const int64_t pixels = a.N * a.OH * a.OW;
-  // about 256K multiply-adds per part at least: smaller layers run on the caller
   const int64_t grain = std::max<int64_t>(2 * R, (int64_t(1) << 18) / std::max<int64_t>(1, a.IC * a.OC));
   const int64_t tiles = (pixels + R - 1) / R;
   parallel_chunks(tiles, (grain + R - 1) / R, threads, [&](int, int64_t b, int64_t e) {
-    run_pixels<J, R>(a, p, b * R, std::min(pixels, e * R));
+    body(b * R, std::min(pixels, e * R));
+  });
+}
+
+template <int J, int R>
+void run(const PointwiseU8& a, int threads) {
+  const int64_t padded = (a.OC + 16 * J - 1) / (16 * J) * 16 * J;
+  if (a.window == nullptr) {
+    const Prepared p = prepare(a, padded, static_cast<uint8_t*>(own_u8_scratch(0, static_cast<size_t>(padded) * 12)));
+    const uint8_t* x_end = a.x + a.N * a.H * a.W * a.IC;
+    for_tiles<R>(a, threads, [&](int64_t b, int64_t e) {
+      run_pixels<J, R>(a, p, a.w, a.wl, a.x, a.H, a.W, a.IC, x_end, b, e);
+    });
+    return;
+  }
+  // The plain weight [OC][KH][KW IC] laid out in one block of 16 J outputs
+  // per tile, each window row's KW IC inputs in groups of 4 (zeros past them
+  // and past OC), and its sums; the image padded with its zero point. Both
+  // beside the constants, on the caller's buffer.
+  const WindowU8& win = *a.window;
+  const int64_t span = win.KW * win.IC, groups = (span + 3) / 4;
+  const PointwiseWeights wl{16 * J, win.KH * groups * 64 * J, 64 * J, padded / (16 * J)};
+  const int64_t Hp = std::max(win.pad_t + a.H, (a.OH - 1) * a.SH + win.KH);
+  const int64_t Wp = std::max(win.pad_l + a.W, (a.OW - 1) * a.SW + win.KW);
+  const int64_t image = Hp * Wp * win.IC, weights = wl.blocks * wl.block_stride;
+  auto* base = static_cast<uint8_t*>(
+      own_u8_scratch(0, static_cast<size_t>(padded * 16 + weights + a.N * image + 64)));
+  auto* sums = reinterpret_cast<int32_t*>(base + padded * 12);
+  auto* w = reinterpret_cast<int8_t*>(base + padded * 16);
+  uint8_t* xp = base + padded * 16 + weights;
+  for (int64_t o = 0; o < padded; ++o) {
+    int8_t* dst = w + o / wl.block * wl.block_stride + o % wl.block / 16 * 64 + o % 16 * 4;
+    int32_t sum = 0;
+    for (int64_t kh = 0; kh < win.KH; ++kh) {
+      const int8_t* src = a.w + (o * win.KH + kh) * span;
+      for (int64_t g = 0; g < groups; ++g, dst += wl.group_stride) {
+        for (int64_t i = 0; i < 4; ++i) {
+          const int8_t v = o < a.OC && 4 * g + i < span ? src[4 * g + i] : 0;
+          dst[i] = v;
+          sum += v;
+        }
+      }
+    }
+    sums[o] = sum;
+  }
+  const auto zp = static_cast<uint8_t>(a.q.src_zero_point);
+  std::memset(xp, zp, static_cast<size_t>(a.N * image + 64));
+  for (int64_t n = 0; n < a.N; ++n) {
+    for (int64_t h = 0; h < a.H; ++h) {
+      std::memcpy(xp + n * image + ((win.pad_t + h) * Wp + win.pad_l) * win.IC,
+                  a.x + (n * a.H + h) * a.W * win.IC, static_cast<size_t>(a.W * win.IC));
+    }
+  }
+  PointwiseU8 laid = a;
+  laid.weight_sums = sums;
+  Prepared p = prepare(laid, padded, base);
+  p.groups = groups;
+  p.rows = win.KH;
+  p.row_stride = Wp * win.IC;
+  for_tiles<R>(a, threads, [&](int64_t b, int64_t e) {
+    run_pixels<J, R>(a, p, w, wl, xp, Hp, Wp, win.IC, xp + a.N * image + 64, b, e);
   });
 }
 
@@ -277,9 +343,19 @@ bool pointwise_u8_faster(int64_t IC, const PointwiseWeights& wl, int64_t pixels)
   return wl.block >= 32 && (IC <= 256 || (IC <= 576 && pixels >= 196));
 }
 
+// Where a window's rows take fewer groups of 4 inputs than its taps (oneDNN's
+// kernels take a group per tap): measured against oneDNN 3.2's kernels on one
+// Zen 5 thread (bench/bench_own_kernels.py --kind window), 7x7 3->64 s2 @224²
+// 1.24x, 5x5 3->24 1.09x, 3x3 1->32 1.07x, 3x3 2->64 1.34x, 4x4 s4 3->96 1.05x;
+// at equal groups (3x3 over RGB: 0.77-0.90x) oneDNN's kernel stays.
+bool window_u8_fits(int64_t IC, int64_t KH, int64_t KW) {
+  return IC < 4 && KH * KW > 1 && (KW * IC + 3) / 4 < KW;
+}
+
 void pointwise_u8(const PointwiseU8& a, int threads) {
-  // J = B / 16: a block's outputs in one tile
-  switch (a.wl.block) {
+  // J = B / 16: a block's outputs in one tile (a window's: by its outputs)
+  const int64_t block = a.window == nullptr ? a.wl.block : a.OC <= 16 ? 16 : a.OC <= 32 ? 32 : a.OC <= 48 ? 48 : 64;
+  switch (block) {
     case 16: run<1, 16>(a, threads); break;
     case 32: run<2, 12>(a, threads); break;
     case 48: run<3, 8>(a, threads); break;
@@ -290,6 +366,7 @@ void pointwise_u8(const PointwiseU8& a, int threads) {
 #else  // not x86-64: oneDNN's own kernel runs
 
 bool pointwise_u8_faster(int64_t, const PointwiseWeights&, int64_t) { return false; }
+bool window_u8_fits(int64_t, int64_t, int64_t) { return false; }
 void pointwise_u8(const PointwiseU8&, int) {}
 
 #endif

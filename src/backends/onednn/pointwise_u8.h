@@ -17,6 +17,17 @@
 // source zero point enters as -zp * (sum of the output's weights), exact in
 // int32.
 //
+// Windows over images of few channels (window_u8_fits: a first layer over
+// RGB or gray pixels) run on the same tiles: each output pixel's window,
+// KH KW IC bytes in (kh, kw, c) order, is copied into a row of a per-thread
+// buffer (taps outside the image read the input's zero point, which the
+// weight sums cancel exactly), and the rows multiply a K = KH KW IC input
+// "1x1" weight. oneDNN's int8 kernels pad each tap's IC channels to 4 (or 16)
+// inputs: for IC = 3 a quarter of their multiply-adds are with zeros. Such a
+// convolution keeps its weight plain, [OC][KH][KW][IC] (oneDNN's "acdb"),
+// and each run lays it out in blocks of outputs x 4 inputs in a scratch
+// buffer (64 x 147 bytes for ResNet's 7x7 stem: about a microsecond).
+//
 // Requantization: own_u8.h's RequantU8.
 #pragma once
 
@@ -36,6 +47,11 @@ struct PointwiseWeights {
   int64_t blocks;  // of `block` outputs in the packed buffer
 };
 
+// The window of WindowU8 runs (see the top): IC < 4 channels, no dilation.
+struct WindowU8 {
+  int64_t IC, KH, KW, pad_t, pad_l;
+};
+
 struct PointwiseU8 {
   const uint8_t* x;  // [N][H][W][IC]
   uint8_t* y;        // [N][OH][OW][OC]
@@ -53,6 +69,10 @@ struct PointwiseU8 {
   bool sum = false;
   float residual_mult = 0.0f, residual_offset = 0.0f;
   uint8_t sum_qmin = 0, sum_qmax = 255;
+  // A window over the input (window_u8_fits) instead of one pixel: IC is then
+  // its K = KH KW window.IC inputs, w the plain weight [OC][K] (wl and
+  // weight_sums unused: each run lays w out and sums it), and no sum.
+  const WindowU8* window = nullptr;
 };
 
 // The layout of a packed weight [OC, IC, 1, 1] this kernel reads, from its
@@ -66,6 +86,10 @@ bool pointwise_u8_faster(int64_t IC, const PointwiseWeights& wl, int64_t pixels)
 // The per-output weight sums the kernel needs, from the packed weights.
 void pointwise_u8_weight_sums(const int8_t* w, const PointwiseWeights& wl, int64_t IC, int64_t OC,
                               int32_t* sums);
+// True when a convolution of these parameters (groups 1, no dilation) runs
+// as a window (see the top): fewer than 4 input channels, and fewer groups of
+// 4 inputs per window row than taps (where it measured faster).
+bool window_u8_fits(int64_t IC, int64_t KH, int64_t KW);
 // Runs the convolution on `threads` threads (output pixels split evenly).
 void pointwise_u8(const PointwiseU8& a, int threads);
 
