@@ -696,7 +696,7 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", FreezeWarning)  # a failed trace is reported by the fallback
         fp32 = _freeze_layers(model, backend=backend, retain=True, inplace=False, example_inputs=None,
-                              dtype=None, fuse=fuse, mapping=mapping)
+                              dtype=None, fuse=fuse, mapping=mapping, pack_tied=True)
     if isinstance(fp32, FROZEN_TYPES):
         return None
     try:
@@ -971,8 +971,11 @@ def _computes_as(m, base):
         return False
 
 
-def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fuse, mapping, bits=Int8Range()):
-    """Layer by layer: the swap (and folding, fusion, calibration) every freeze starts with."""
+def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fuse, mapping, bits=Int8Range(),
+                   pack_tied=False):
+    """Layer by layer: the swap (and folding, fusion, calibration) every freeze starts with.
+    fp32 layers whose weight another module holds too (tied weights) stay PyTorch's unless
+    ``pack_tied`` (the fp32 step of an int8 freeze, whose int8 twins are another tensor)."""
     rules = dict(MAPPING)
     if mapping:
         rules.update(mapping)
@@ -998,6 +1001,16 @@ def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fu
             seen.update(id(c) for c in m.modules())
             layers.append(m)
 
+    if dtype is None and not pack_tied:
+        tied = _tied(model, layers)
+        if tied:
+            names = [n for n, m in model.named_modules() if id(m) in tied]
+            warnings.warn(
+                f"qpack.freeze: {', '.join(names[:4])}{' ...' if len(names) > 4 else ''} share their weight with "
+                "other modules (tied weights, as a language model's output Linear and its token Embedding); "
+                "packed fp32 they would hold a second copy of it, so they stay PyTorch layers over the one "
+                "tensor (dtype='int8' packs them as int8)", FreezeWarning, stacklevel=3)
+            layers = [m for m in layers if id(m) not in tied]
     ctx = FreezeContext(backend=backend, retain=retain, dtype=dtype, bits=bits)
     if example_inputs is not None:
         ctx.ranges = _calibrate(model, example_inputs, layers, plan)
@@ -1048,6 +1061,24 @@ def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fu
             memo[id(m)] = replacements[id(m)]
             keep_alive.append(m)
     return copy.deepcopy(model, memo)
+
+
+def _tied(model, layers):
+    """ids of the layers whose weight's storage another module's parameter also uses (tensor
+    subclasses without a plain storage, torchao's, are left out)."""
+    def storage(t):
+        if not isinstance(t, torch.Tensor) or type(t) not in (torch.Tensor, nn.Parameter) or not t.numel() \
+                or t.device.type == "meta":
+            return None
+        return t.untyped_storage().data_ptr()
+
+    owners = collections.defaultdict(set)
+    for m in model.modules():
+        for t in m._parameters.values():
+            if (key := storage(t)) is not None:
+                owners[key].add(id(m))
+    return {id(layer) for layer in layers
+            if (key := storage(getattr(layer, "_parameters", {}).get("weight"))) is not None and len(owners[key]) > 1}
 
 
 def unfreeze(frozen, *, inplace=False):
