@@ -68,7 +68,7 @@ class FreezeContext:
 
     def static_qparams(self, module, activation):
         """uint8 qparams from calibration, or None when the layer was not seen."""
-        r = self.ranges.get(id(module))
+        r = self.ranges.get(id(getattr(module, "_mod", module)))  # (a view of a module: the module's)
         if r is None or r.get("in") is None or r.get("out") is None:
             return None
         lo, hi = _clamp_range(r["out"], activation)
@@ -876,6 +876,51 @@ def _freeze_int8_parts(fp32, backend, retain, batches, show_progress, bits):
     return fp32
 
 
+class _TransposedLinear:
+    """A module that computes ``F.linear(x, weight.t(), bias)`` (transformers' Conv1D, GPT-2's
+    layers: ``addmm(bias, x, weight)`` with the weight [in, out]) as what convert_linear reads."""
+
+    def __init__(self, mod):
+        self._mod, self.weight, self.bias = mod, mod.weight.t(), mod.bias
+
+    def __getattr__(self, name):
+        return getattr(self._mod, name)
+
+
+def _transposes_linear(m):
+    """Whether m, a module of its own parameters ``weight`` [in, out] and ``bias`` [out] (or None)
+    and nothing else, computes ``F.linear(x, weight.t(), bias)`` on a random input."""
+    w, b = m._parameters.get("weight"), m._parameters.get("bias", None)
+    if (set(m._parameters) - {"bias"} != {"weight"} or m._buffers or next(m.children(), None) is not None
+            or type(w) not in (torch.Tensor, nn.Parameter) or w.dim() != 2 or w.dtype != torch.float32
+            or (b is not None and (b.dim() != 1 or b.shape[0] != w.shape[1]))):
+        return False
+    try:
+        x = torch.randn(3, w.shape[0], generator=torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            y, ref = m(x), F.linear(x, w.t(), b)
+        return isinstance(y, torch.Tensor) and y.shape == ref.shape and \
+            bool(torch.allclose(y, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max().clamp_min(1))))
+    except Exception:  # noqa: BLE001 - whatever it does, it is not that
+        return False
+
+
+def _transposed_linear_rules(model, rules):
+    """Rules for the module types of ``model`` that are not nn.Linear but compute a Linear whose
+    weight they hold transposed (_transposes_linear, every instance): frozen as that Linear."""
+    verdict = {}
+    for m in model.modules():
+        t = type(m)
+        if t in rules or verdict.get(t) is False or isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d)):
+            continue
+        verdict[t] = _transposes_linear(m)
+    base = rules[nn.Linear]
+
+    def convert(mod, ctx, bn=None, activation=None):
+        return base.convert(_TransposedLinear(mod), ctx, bn, activation)
+    return {t: Rule(convert, (), base.fuse_activation) for t, ok in verdict.items() if ok}
+
+
 def _subclass_rules(model, rules):
     """Rules for the subclasses of nn.Linear / nn.Conv1d / nn.Conv2d in ``model`` (timm's
     Linear, which calls F.linear itself) whose every instance computes exactly what its
@@ -980,6 +1025,7 @@ def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fu
     if mapping:
         rules.update(mapping)
     rules.update(_subclass_rules(model, rules))
+    rules.update(_transposed_linear_rules(model, rules))
 
     plan, drop, keep = {}, {}, set()
     if fuse and type(model) not in rules:  # (a layer frozen on its own has nothing to fuse with)

@@ -791,3 +791,70 @@ def test_a_linear_whose_weight_the_forward_reads_is_frozen(retain):
     assert fi.qkv.mode == "int8_dynamic"  # no graph holds it: int8 dynamic
     with torch.no_grad():
         assert ((fi(x) - model(x)).norm() / model(x).norm()).item() < 0.1
+
+
+# ---- modules that hold a Linear's weight transposed (transformers' Conv1D, GPT-2's layers) ----
+
+class AddmmLinear(nn.Module):
+    """What transformers' Conv1D computes: addmm(bias, x, weight) with the weight [in, out]."""
+
+    def __init__(self, nf, nx, bias=True):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf) * 0.1)
+        self.bias = nn.Parameter(torch.randn(nf)) if bias else None
+
+    def forward(self, x):
+        out = x.reshape(-1, x.size(-1)) @ self.weight
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(x.size()[:-1] + (self.nf,))
+
+
+class AddmmPlusOne(AddmmLinear):
+    def forward(self, x):
+        return super().forward(x) + 1
+
+
+class GptMlp(nn.Module):
+    def __init__(self, cls=AddmmLinear):
+        super().__init__()
+        self.fc, self.proj, self.out = cls(64, 16), cls(16, 64, bias=False), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.out(self.proj(F.gelu(self.fc(x))))
+
+
+def test_transposed_linear_modules_freeze_as_linears():
+    """A module type whose every instance computes F.linear(x, weight.t(), bias) is frozen as that
+    Linear (fp32 and int8, static int8 calibrated layer by layer too), unfreezes to nn.Linear; a
+    lookalike computing something else keeps its forward."""
+    model = GptMlp().eval()
+    x = torch.randn(2, 5, 16)
+    ref = model(x)
+    f = qpack.freeze(model, retain=False)
+    assert isinstance(f.fc, FrozenLinear) and isinstance(f.proj, FrozenLinear)
+    assert f.fc.unpack()[0].shape == (64, 16)
+    close(f(x), ref)
+    u = qpack.unfreeze(f)
+    assert type(u.fc) is nn.Linear or isinstance(u.fc, nn.Sequential)
+    close(u(x), ref)
+    for kw in (dict(), dict(example_inputs=[(x,), (x * 0.9,)]), dict(example_inputs=[(x,)], graph=False)):
+        f8 = qpack.freeze(model, dtype="int8", **kw)
+        assert isinstance(f8.fc, FrozenLinear) and f8.fc.mode.startswith("int8"), kw
+        assert rel_err(f8(x), ref) < 0.05, kw
+    assert qpack.freeze(model, dtype="int8", example_inputs=[(x,)], graph=False).fc.mode == "int8_static"
+    other = GptMlp(AddmmPlusOne).eval()
+    g = qpack.freeze(other)
+    assert type(g.fc) is AddmmPlusOne and isinstance(g.out, FrozenLinear)
+    close(g(x), other(x))
+
+
+def test_transformers_conv1d_freezes():
+    transformers = pytest.importorskip("transformers")
+    from transformers.pytorch_utils import Conv1D
+    m = nn.Sequential(Conv1D(48, 16), nn.ReLU(), Conv1D(8, 48)).eval()
+    x = torch.randn(3, 7, 16)
+    f = qpack.freeze(m, retain=False)
+    assert all(isinstance(f[i], FrozenLinear) for i in (0, 2))
+    close(f(x), m(x))
