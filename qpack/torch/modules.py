@@ -60,15 +60,23 @@ class _Frozen(nn.Module):
         self._weight_scale = None if weight_scale is None else weight_scale.detach().to(torch.float32).contiguous()
         self._packed = self._pack(weight, bias)
 
-    def __getattr__(self, name):
-        if name in ("weight", "bias"):  # code that reads a convolution's tensors itself: say what to do
-            raise AttributeError(
-                f"{type(self).__name__} holds its weight packed, with no .{name} tensor: .unpack() gives "
-                f"(weight, bias) as copies. A model whose own code reads a layer's .weight needs that layer "
-                f"unfrozen: freeze leaves the layers a traced forward reads alone (and torch modules such as "
-                f"nn.TransformerEncoderLayer whole); for others, pass freeze a mapping whose Rule for that layer's type converts "
-                f"to None (qpack.torch.Rule(lambda m, ctx, **kw: None))")
-        return super().__getattr__(name)
+    # For code that reads a layer's tensors itself (transformers' ViT and CLIP read their patch
+    # embedding's weight.dtype; torchvision's Swin hands qkv.weight to its attention function).
+
+    @property
+    def weight(self):
+        """A PackedWeight: the weight's shape and dtype, its values made only for an op that
+        needs them."""
+        return PackedWeight.of(self)
+
+    @property
+    def bias(self):
+        """The bias (None without one), unpacked on first use and kept beside the packed layer
+        (out_features floats)."""
+        cached = self.__dict__.get("_bias_tensor", False)
+        if cached is False:
+            cached = self.__dict__["_bias_tensor"] = self.unpack()[1] if self._spec["has_bias"] else None
+        return cached
 
     # ---- packing --------------------------------------------------------------------
 
@@ -346,12 +354,12 @@ _METADATA = tuple(f for f in (torch.Tensor.shape.__get__, torch.Tensor.dtype.__g
 
 
 class PackedWeight(torch.Tensor):
-    """A frozen Linear's ``.weight`` for code that reads it itself (torchvision's Swin hands
-    ``qkv.weight`` to its attention function): the weight's shape and dtype, no values
-    held. ``F.linear(x, w, b)`` runs the packed layer (b: its own bias, or another one:
-    the difference is added); any other op gets the unpacked weight (for int8: dequantized)
-    made for that call and dropped after it; in-place ops raise (a frozen layer is a
-    snapshot)."""
+    """A frozen layer's ``.weight`` for code that reads it itself (torchvision's Swin hands
+    ``qkv.weight`` to its attention function, transformers' ViT reads its patch embedding's
+    ``weight.dtype``): the weight's shape and dtype, no values held. ``F.linear(x, w, b)`` on a
+    Linear's runs the packed layer (b: its own bias, or another one: the difference is added);
+    any other op gets the unpacked weight (for int8: dequantized) made for that call and
+    dropped after it; in-place ops raise (a frozen layer is a snapshot)."""
 
     @staticmethod
     def of(layer):
@@ -366,7 +374,7 @@ class PackedWeight(torch.Tensor):
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
         if (func in _LINEAR_FUNCS and len(args) >= 2 and isinstance(args[1], PackedWeight)
-                and not isinstance(args[0], PackedWeight)):
+                and not isinstance(args[0], PackedWeight) and isinstance(args[1]._layer, FrozenLinear)):
             layer = args[1]._layer
             if layer._spec.get("activation") is None:  # (with one fused, the layer's call would apply it)
                 return layer._linear(args[0], args[2] if len(args) > 2 else kwargs.get("bias"))
@@ -392,19 +400,6 @@ class FrozenLinear(_Frozen):
 
     _op = "linear"
     _packed_cls_name = "PackedLinear"
-
-    @property
-    def weight(self):
-        return PackedWeight.of(self)
-
-    @property
-    def bias(self):
-        # unpacked once (the packed form gives weight and bias together), kept beside the
-        # packed layer: out_features floats
-        cached = self.__dict__.get("_bias_tensor", False)
-        if cached is False:
-            cached = self.__dict__["_bias_tensor"] = self.unpack()[1] if self._spec["has_bias"] else None
-        return cached
 
     def _linear(self, x, bias):
         """F.linear(x, self.weight, bias) on the packed layer."""

@@ -130,9 +130,9 @@ def test_a_channel_slice_read_by_the_next_segment_keeps_its_input_qparams():
 
 
 def test_reading_a_frozen_layers_weight_works_or_says_what_to_do():
-    """Code that reads .weight of a frozen Linear gets a PackedWeight (its .t() unpacks for
-    the call); of a frozen convolution, an AttributeError that says why and how to keep such
-    a layer unfrozen (a Rule converting to None), which works."""
+    """Code that reads .weight of a frozen Linear or convolution gets a PackedWeight (its .t()
+    unpacks for the call; its dtype and shape need nothing unpacked); a layer can also be kept
+    unfrozen (a Rule converting to None), which works."""
     from qpack.torch import Rule
 
     class ReadsWeight(nn.Module):
@@ -149,10 +149,19 @@ def test_reading_a_frozen_layers_weight_works_or_says_what_to_do():
     f = qpack.freeze(model, progress=False)
     with torch.no_grad():
         assert rel_err(f(x), model(x)) < 1e-5
-    conv = qpack.freeze(nn.Conv2d(3, 4, 3).eval(), progress=False)
-    with pytest.raises(AttributeError, match="holds its weight packed.*unpack"):
-        conv.weight
-    assert not hasattr(conv, "bias") and conv.unpack()[0].shape == (4, 3, 3, 3)
+    # a convolution's .weight / .bias too (transformers' ViT reads weight.dtype): metadata without
+    # values held; an op on the weight gets it unpacked for that call; in place it raises
+    src = nn.Conv2d(3, 4, 3).eval()
+    conv = qpack.freeze(src, progress=False, retain=False)
+    w = conv.weight
+    assert w.shape == (4, 3, 3, 3) and w.dtype == torch.float32 and w.device.type == "cpu"
+    assert torch.equal(conv.bias, src.bias.detach()) and conv.unpack()[0].shape == (4, 3, 3, 3)
+    img = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        assert rel_err(F.conv2d(img, conv.weight, conv.bias), src(img)) < 1e-6
+        with pytest.raises(qpack.UnsupportedError, match="in place"):
+            conv.weight.mul_(2)
+    assert qpack.freeze(nn.Conv2d(3, 4, 3, bias=False).eval(), progress=False).bias is None
     f = qpack.freeze(model, progress=False, mapping={nn.Linear: Rule(lambda m, ctx, **kw: None)})
     with torch.no_grad():
         assert torch.equal(f(x), model(x))
