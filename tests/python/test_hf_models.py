@@ -1,5 +1,5 @@
 """transformers models built from small configs (random weights, nothing downloaded), frozen
-fp32 and int8 (dynamic, and static calibrated on two batches): each freezes and runs, fp32 within
+fp32 and int8 (dynamic, and static calibrated on two batches) on both backends: each freezes and runs, fp32 within
 1e-5 of eager at 1.00-1.05x its parameter bytes (weights released), int8 within 0.1."""
 import warnings
 
@@ -46,7 +46,10 @@ def first(out):
     return out[0]
 
 
-@pytest.mark.parametrize("config", ["fp32", "int8", "int8_static"])
+BACKENDS = [b for b in ("onednn", "qnnpack") if qpack.backends()[b]["available"]]
+
+
+@pytest.mark.parametrize("config", ["fp32"] + [f"{k}-{b}" for b in BACKENDS for k in ("int8", "int8_static")])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_transformers_model(name, config):
     torch.manual_seed(0)
@@ -56,8 +59,9 @@ def test_transformers_model(name, config):
         model = make().eval()
         with torch.no_grad():
             ref = first(model(**inputs))
-        kw = {"fp32": {}, "int8": dict(dtype="int8"),
-              "int8_static": dict(dtype="int8", example_inputs=[inputs, inputs])}[config]
+        kind, _, backend = config.partition("-")
+        kw = {"fp32": {}, "int8": dict(dtype="int8", backend=backend),
+              "int8_static": dict(dtype="int8", backend=backend, example_inputs=[inputs, inputs])}[kind]
         frozen = qpack.freeze(model, progress=False, retain=False, **kw)
         with torch.no_grad():
             y = first(frozen(**inputs))
