@@ -14,6 +14,7 @@ import collections
 import copy
 import functools
 import inspect
+import math
 import operator
 import re
 
@@ -1994,8 +1995,19 @@ def value_qparams(seg, ranges, qmax=255):
             continue
         if fx.name not in ranges:
             raise Unsupported(f"{fx.name} was not seen in calibration")
-        qp[v] = _q.uint8_qparams(*ranges[fx.name], qmax)
+        lo, hi = ranges[fx.name]
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise _core.InvalidArgumentError(
+                f"calibration saw the value {fx.name} (made by {fx.op} {_target_name(fx)}) take the range "
+                f"[{lo}, {hi}], which must be finite: pass example_inputs without inf / NaN")
+        qp[v] = _q.uint8_qparams(lo, hi, qmax)
     return qp
+
+
+def _target_name(node):
+    """A readable name of what an fx node calls (a module path, a function or method name)."""
+    t = node.target
+    return t if isinstance(t, str) else getattr(t, "__name__", repr(t))
 
 
 def qparams_by_name(segs, ranges, qmax=255):
