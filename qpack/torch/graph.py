@@ -1995,12 +1995,8 @@ def value_qparams(seg, ranges, qmax=255):
             continue
         if fx.name not in ranges:
             raise Unsupported(f"{fx.name} was not seen in calibration")
-        lo, hi = ranges[fx.name]
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise _core.InvalidArgumentError(
-                f"calibration saw the value {fx.name} (made by {fx.op} {_target_name(fx)}) take the range "
-                f"[{lo}, {hi}], which must be finite: pass example_inputs without inf / NaN")
-        qp[v] = _q.uint8_qparams(lo, hi, qmax)
+        qp[v] = _q.uint8_qparams(*ranges[fx.name], qmax, what=f"the value {fx.name} (made by {fx.op} "
+                                                                f"{_target_name(fx)})")
     return qp
 
 

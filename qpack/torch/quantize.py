@@ -4,9 +4,11 @@ Everything here returns plain tensors plus explicit parameters: an int8
 weight, one float32 scale per output channel (symmetric, zero point 0) and,
 for static layers, uint8 input/output scale and zero point.
 """
+import math
+
 import torch
 
-from qpack._core import UnsupportedError, choose_qparams_u8
+from qpack._core import InvalidArgumentError, UnsupportedError, choose_qparams_u8
 
 _QMAX = 127
 
@@ -35,11 +37,16 @@ def dequantize_weight(qweight, scale):
     return (qweight.to(torch.float32) * scale.reshape(shape).to(torch.float32)).contiguous()
 
 
-def uint8_qparams(lo, hi, qmax=255):
+def uint8_qparams(lo, hi, qmax=255, what="a layer's input or output"):
     """Affine uint8 (scale, zero_point) covering [lo, hi] (widened to hold 0) with [0, qmax]:
     the core's rule (PyTorch's ChooseQuantizationParams, with its minimum scale, below which
-    QNNPACK's int32 bias would overflow for ordinary biases)."""
-    return choose_qparams_u8(float(lo), float(hi), int(qmax))
+    QNNPACK's int32 bias would overflow for ordinary biases). A calibrated range that is not
+    finite (``what`` saw inf or NaN) raises InvalidArgumentError saying so."""
+    lo, hi = float(lo), float(hi)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise InvalidArgumentError(f"calibration saw {what} take the range [{lo}, {hi}], which must be finite: "
+                                   "pass example_inputs without inf / NaN")
+    return choose_qparams_u8(lo, hi, int(qmax))
 
 
 # ---- torchao ---------------------------------------------------------------

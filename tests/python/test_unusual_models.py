@@ -116,7 +116,7 @@ def test_unusual_model(name, config):
             calib = [tuple(a + 0.1 * torch.randn(a.shape, generator=g, dtype=a.dtype) if a.is_floating_point() else a
                            for a in args) for _ in range(3)]
             if name == "nan_inf_input":  # calibration that sees inf: a clear error, not a crash
-                with pytest.raises(qpack.InvalidArgumentError, match="calibration saw the value .* must be finite"):
+                with pytest.raises(qpack.InvalidArgumentError, match="calibration saw .* must be finite"):
                     qpack.freeze(m, dtype="int8", backend=config.split("-")[1], example_inputs=calib,
                                  progress=False)
                 return
