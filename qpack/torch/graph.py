@@ -14,7 +14,6 @@ import collections
 import copy
 import functools
 import inspect
-import math
 import operator
 import re
 
