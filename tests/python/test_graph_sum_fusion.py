@@ -1,5 +1,5 @@
 """Residual adds run as their convolution's sum post-op (oneDNN's, or qpack's
-own int8 1x1 kernel's): fp32 after 1x1 convolutions, int8 after any.
+own int8 1x1 kernel's), fp32 and int8, after convolutions of any size.
 
 The add's other operand becomes the convolution's destination (it is dead
 after the add); where that would overwrite a value something still reads, the
@@ -92,7 +92,8 @@ class TwoConvs(nn.Module):
 
 
 class ThreeByThree(nn.Module):
-    """A 3x3 convolution's add stays apart (oneDNN 3.2's brgconv with sum is not faster)."""
+    """The add's other operand is the 3x3 convolution's own input: it stays a node (the
+    convolution cannot write its sum over what it reads)."""
 
     def __init__(self, c=16):
         super().__init__()
@@ -149,6 +150,25 @@ def test_the_later_convolution_takes_the_add():
 
 def test_three_by_three_add_stays_apart():
     freeze_and_check(ThreeByThree(), (1, 16, 9, 9), fused=0)
+
+
+class BasicBlock(nn.Module):
+    """ResNet's basic block with an identity shortcut: the second 3x3 takes the add (fp32
+    too: on Zen 5 oneDNN's brgconv with sum costs less than the add's own pass)."""
+
+    def __init__(self, c=16):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(c, c, 3, 1, 1), nn.Conv2d(c, c, 3, 1, 1)
+        self.stem = nn.Conv2d(3, c, 3, 1, 1)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        return torch.relu(x + self.b(torch.relu(self.a(x)))).mean((2, 3))
+
+
+def test_basic_block_add_is_fused_into_the_three_by_three():
+    f, _ = freeze_and_check(BasicBlock(), (2, 3, 11, 10), fused=1)
+    assert " b backend=onednn +add(" in qpack.graph_report(f)
 
 
 def test_fused_adds_under_many_threads_and_changing_sizes():
