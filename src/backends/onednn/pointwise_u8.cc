@@ -296,7 +296,7 @@ void run(const PointwiseU8& a, int threads) {
   auto* w = reinterpret_cast<int8_t*>(base + padded * 16);
   uint8_t* xp = base + padded * 16 + weights;
   for (int64_t o = 0; o < padded; ++o) {
-    int8_t* dst = w + o / wl.block * wl.block_stride + o % wl.block / 16 * 64 + o % 16 * 4;
+    int8_t* dst = w + weight_offset(wl, o / 16, 0) + o % 16 * 4;
     int32_t sum = 0;
     for (int64_t kh = 0; kh < win.KH; ++kh) {
       const int8_t* src = a.w + (o * win.KH + kh) * span;
@@ -346,8 +346,9 @@ bool pointwise_u8_faster(int64_t IC, const PointwiseWeights& wl, int64_t pixels)
 // Where a window's rows take fewer groups of 4 inputs than its taps (oneDNN's
 // kernels take a group per tap): measured against oneDNN 3.2's kernels on one
 // Zen 5 thread (bench/bench_own_kernels.py --kind window), 7x7 3->64 s2 @224²
-// 1.24x, 5x5 3->24 1.09x, 3x3 1->32 1.07x, 3x3 2->64 1.34x, 4x4 s4 3->96 1.05x;
-// at equal groups (3x3 over RGB: 0.77-0.90x) oneDNN's kernel stays.
+// 1.17x, 5x5 3->24 1.08x, 3x3 1->32 1.05x, 3x3 2->64 1.32x, 4x4 s4 3->96 1.02x;
+// at equal groups (3x3 over RGB, this kernel forced: 0.77-0.90x) oneDNN's
+// kernel stays.
 bool window_u8_fits(int64_t IC, int64_t KH, int64_t KW) {
   return IC < 4 && KH * KW > 1 && (KW * IC + 3) / 4 < KW;
 }

@@ -18,15 +18,15 @@
 // int32.
 //
 // Windows over images of few channels (window_u8_fits: a first layer over
-// RGB or gray pixels) run on the same tiles: each output pixel's window,
-// KH KW IC bytes in (kh, kw, c) order, is copied into a row of a per-thread
-// buffer (taps outside the image read the input's zero point, which the
-// weight sums cancel exactly), and the rows multiply a K = KH KW IC input
-// "1x1" weight. oneDNN's int8 kernels pad each tap's IC channels to 4 (or 16)
-// inputs: for IC = 3 a quarter of their multiply-adds are with zeros. Such a
-// convolution keeps its weight plain, [OC][KH][KW][IC] (oneDNN's "acdb"),
-// and each run lays it out in blocks of outputs x 4 inputs in a scratch
-// buffer (64 x 147 bytes for ResNet's 7x7 stem: about a microsecond).
+// RGB or gray pixels) run on the same tiles, over a copy of the image padded
+// with its zero point (which the weight sums cancel exactly): each of a
+// window's KH rows is KW IC contiguous bytes there, read in groups of 4 (the
+// last group's extra bytes against zero weights), so a 7x7 window over RGB
+// takes 7 x 6 groups where oneDNN's int8 kernels, which pad each tap's 3
+// channels to 4 inputs, take 49. Such a convolution keeps its weight plain,
+// [OC][KH][KW][IC] (oneDNN's "acdb"), and each run lays it out in blocks of
+// outputs x 4 inputs, row by row, in a scratch buffer (64 x 168 bytes for
+// ResNet's 7x7 stem).
 //
 // Requantization: own_u8.h's RequantU8.
 #pragma once
@@ -70,8 +70,8 @@ struct PointwiseU8 {
   float residual_mult = 0.0f, residual_offset = 0.0f;
   uint8_t sum_qmin = 0, sum_qmax = 255;
   // A window over the input (window_u8_fits) instead of one pixel: IC is then
-  // its K = KH KW window.IC inputs, w the plain weight [OC][K] (wl and
-  // weight_sums unused: each run lays w out and sums it), and no sum.
+  // its KH KW window.IC inputs, w the plain weight [OC][KH][KW][window.IC]
+  // (wl and weight_sums unused: each run lays w out and sums it), and no sum.
   const WindowU8* window = nullptr;
 };
 
