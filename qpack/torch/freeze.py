@@ -876,12 +876,14 @@ def _freeze_int8_parts(fp32, backend, retain, batches, show_progress, bits):
     return fp32
 
 
-class _TransposedLinear:
-    """A module that computes ``F.linear(x, weight.t(), bias)`` (transformers' Conv1D, GPT-2's
-    layers: ``addmm(bias, x, weight)`` with the weight [in, out]) as what convert_linear reads."""
+class _WithWeight:
+    """A layer with another weight and bias than its parameters, as the converters read it:
+    what a convolution's forward made (weight standardization), or a Linear's weight held
+    transposed (transformers' Conv1D); every other attribute, and calibration ranges
+    (FreezeContext.static_qparams), are the module's."""
 
-    def __init__(self, mod):
-        self._mod, self.weight, self.bias = mod, mod.weight.t(), mod.bias
+    def __init__(self, mod, weight, bias):
+        self._mod, self.weight, self.bias = mod, weight, bias
 
     def __getattr__(self, name):
         return getattr(self._mod, name)
@@ -917,7 +919,7 @@ def _transposed_linear_rules(model, rules):
     base = rules[nn.Linear]
 
     def convert(mod, ctx, bn=None, activation=None):
-        return base.convert(_TransposedLinear(mod), ctx, bn, activation)
+        return base.convert(_WithWeight(mod, mod.weight.t(), mod.bias), ctx, bn, activation)
     return {t: Rule(convert, (), base.fuse_activation) for t, ok in verdict.items() if ok}
 
 
@@ -944,20 +946,10 @@ def _subclass_rules(model, rules):
     return out
 
 
-class _ConvWithWeight:
-    """A convolution's geometry with another weight and bias (what its forward made)."""
-
-    def __init__(self, mod, weight, bias):
-        self._mod, self.weight, self.bias = mod, weight, bias
-
-    def __getattr__(self, name):
-        return getattr(self._mod, name)
-
-
 def _effective_weight_converter(convert):
     def convert_made_weight(mod, ctx, bn=None, activation=None):
         made = _effective_conv(mod)
-        return None if made is None else convert(_ConvWithWeight(mod, *made), ctx, bn, activation)
+        return None if made is None else convert(_WithWeight(mod, *made), ctx, bn, activation)
     return convert_made_weight
 
 
