@@ -28,6 +28,8 @@ SHAPES = [  # (name, heads, queries, keys, head dim)
     ("ViT-L/16 @224", 16, 197, 197, 64),
     ("BERT-base, 128 tokens", 12, 128, 128, 64),
     ("MiniLM, 64 tokens", 12, 64, 64, 32),
+    ("MobileViT-XS 28² (4 patches x 4 heads)", 16, 196, 196, 24),
+    ("MobileViT-XS 14² (4 patches x 4 heads)", 16, 49, 49, 30),
 ]
 
 

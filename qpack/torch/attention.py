@@ -9,10 +9,10 @@ dropout, grouped heads or autograd; other calls go to PyTorch unchanged.
 Frozen models call it for nn.MultiheadAttention (FrozenMultiheadAttention)
 and for the
 ``scaled_dot_product_attention`` calls a traced forward makes between its
-graphs (timm's ViT/DeiT attention). One Zen 5 thread, ViT-B/16's shapes (12
-heads of 197 x 64): 746 us a call against PyTorch's 1497 (its flash kernel for
-CPU); 0.48-0.57x PyTorch's time from 64 to 197 tokens
-(``bench/bench_attention.py``).
+graphs (timm's ViT/DeiT attention, MobileViT's). One Zen 5 thread, ViT-B/16's
+shapes (12 heads of 197 x 64): 652 us a call against PyTorch's 1429 (its flash
+kernel for CPU); 0.45-0.55x PyTorch's time from 49 to 197 tokens and head
+dims 24 to 64 (``bench/bench_attention.py``).
 """
 import torch
 import torch.nn.functional as F

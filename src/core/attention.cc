@@ -142,10 +142,14 @@ QPACK_ATTN_TARGET void scores(const float* const* q, const float* kt, int64_t Sp
 // masked move only for a partial vector: under a full mask they are slow on Zen 5).
 template <int V, bool kFull>
 QPACK_ATTN_TARGET void weighted(const float* p, int64_t Sp, const float* v0, int64_t v_row, int64_t n,
-                                __mmask16 last, float* const* out, int rows) {
-  __m512 acc[kRows][V];
-  zero_tile<V>(acc);
-  for (int64_t j = 0; j < n; ++j) {
+                                __mmask16 last, const float* inv, float* const* out, int rows) {
+  // P sets of accumulators over alternate keys: one set of kRows x V chains is
+  // too few to hide the multiply-add's latency when V <= 2 (head dims <= 32)
+  constexpr int P = V <= 2 ? 2 : 1;
+  __m512 acc[P][kRows][V];
+#pragma GCC unroll 2
+  for (int s = 0; s < P; ++s) zero_tile<V>(acc[s]);
+  auto key = [&](int s, int64_t j) QPACK_ATTN_TARGET {
     const float* vrow = v0 + j * v_row;
     __m512 vv[V];
 #pragma GCC unroll 4
@@ -156,16 +160,30 @@ QPACK_ATTN_TARGET void weighted(const float* p, int64_t Sp, const float* v0, int
     for (int r = 0; r < kRows; ++r) {
       const __m512 pb = _mm512_set1_ps(p[r * Sp + j]);
 #pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(pb, vv[v], acc[r][v]);
+      for (int v = 0; v < V; ++v) acc[s][r][v] = _mm512_fmadd_ps(pb, vv[v], acc[s][r][v]);
     }
+  };
+  int64_t j = 0;
+  for (; j + P <= n; j += P) {
+#pragma GCC unroll 2
+    for (int s = 0; s < P; ++s) key(s, j + s);
   }
-  for (int r = 0; r < rows; ++r) {
+  for (; j < n; ++j) key(0, j);
+  // r runs to the constant kRows (fully unrolled) so that acc stays in registers:
+  // a loop to `rows` indexes acc at run time, and gcc then keeps every
+  // accumulator on the stack, a store each per key
+#pragma GCC unroll 4
+  for (int r = 0; r < kRows; ++r) {
+    if (r >= rows) break;
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) {
+      __m512 sum = acc[0][r][v];
+      if (P > 1) sum = _mm512_add_ps(sum, acc[P - 1][r][v]);
+      sum = _mm512_mul_ps(sum, _mm512_set1_ps(inv[r]));
       if (kFull || v + 1 < V) {
-        _mm512_storeu_ps(out[r] + 16 * v, acc[r][v]);
+        _mm512_storeu_ps(out[r] + 16 * v, sum);
       } else {
-        _mm512_mask_storeu_ps(out[r] + 16 * v, last, acc[r][v]);
+        _mm512_mask_storeu_ps(out[r] + 16 * v, last, sum);
       }
     }
   }
@@ -173,12 +191,12 @@ QPACK_ATTN_TARGET void weighted(const float* p, int64_t Sp, const float* v0, int
 
 template <bool kFull>
 QPACK_ATTN_TARGET void weighted_v(int V, const float* p, int64_t Sp, const float* v0, int64_t v_row, int64_t n,
-                                  __mmask16 last, float* const* out, int rows) {
+                                  __mmask16 last, const float* inv, float* const* out, int rows) {
   switch (V) {
-    case 4: weighted<4, kFull>(p, Sp, v0, v_row, n, last, out, rows); break;
-    case 3: weighted<3, kFull>(p, Sp, v0, v_row, n, last, out, rows); break;
-    case 2: weighted<2, kFull>(p, Sp, v0, v_row, n, last, out, rows); break;
-    default: weighted<1, kFull>(p, Sp, v0, v_row, n, last, out, rows); break;
+    case 4: weighted<4, kFull>(p, Sp, v0, v_row, n, last, inv, out, rows); break;
+    case 3: weighted<3, kFull>(p, Sp, v0, v_row, n, last, inv, out, rows); break;
+    case 2: weighted<2, kFull>(p, Sp, v0, v_row, n, last, inv, out, rows); break;
+    default: weighted<1, kFull>(p, Sp, v0, v_row, n, last, inv, out, rows); break;
   }
 }
 
@@ -213,10 +231,14 @@ QPACK_ATTN_TARGET void rows512(const AttentionF32& a, const Head& t, int64_t i0,
       case 1: scores<1>(q, kt.data(), Sp, D, j0, scale, sc.data()); break;
       default: break;
     }
+    // each row's weights: without a mask or causality the rows' exps at once,
+    // their sums' inverses scaling the outputs (inv); else a row at a time
     int64_t n = 0;
+    float inv[kRows] = {1.0f, 1.0f, 1.0f, 1.0f};
+    const bool together = t.mask == nullptr && !a.causal && exp_rows_f32_vector(sc.data(), rows, Sp, S, inv);
     for (int r = 0; r < kRows; ++r) {
       const int64_t seen = r < rows ? keys_seen(a, r0 + r) : 0;
-      if (r < rows) weigh_row(t, r0 + r, seen, sc.data() + r * Sp);
+      if (r < rows && !together) weigh_row(t, r0 + r, seen, sc.data() + r * Sp);
       std::fill(sc.data() + r * Sp + seen, sc.data() + (r + 1) * Sp, 0.0f);  // unseen keys weigh 0
       n = std::max(n, seen);
     }
@@ -226,9 +248,9 @@ QPACK_ATTN_TARGET void rows512(const AttentionF32& a, const Head& t, int64_t i0,
       float* o[kRows];
       for (int r = 0; r < kRows; ++r) o[r] = out[r] + d0;
       if (last == __mmask16(0xFFFF)) {
-        weighted_v<true>(V, sc.data(), Sp, t.v + d0, t.v_row, n, last, o, rows);
+        weighted_v<true>(V, sc.data(), Sp, t.v + d0, t.v_row, n, last, inv, o, rows);
       } else {
-        weighted_v<false>(V, sc.data(), Sp, t.v + d0, t.v_row, n, last, o, rows);
+        weighted_v<false>(V, sc.data(), Sp, t.v + d0, t.v_row, n, last, inv, o, rows);
       }
     }
   }

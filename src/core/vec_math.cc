@@ -328,6 +328,41 @@ QPACK_AVX512 void softmax_row512(float* x, int64_t n) {
   }
 }
 
+// Rows 0..R-1 of x (stride floats apart, n each): x = exp(x - the row's max) in
+// place and inv[r] = 1 / the row's sum, the softmax but for that last scale (a
+// caller multiplies it into what it computes from the row). The R rows are
+// interleaved, R exps in flight: one row of a few hundred keys alone is bound
+// by the exp's latency and the reductions' (attention over 196 keys, one Zen 5
+// core: 2.2x faster than softmax_row512 a row at a time).
+template <int R>
+QPACK_AVX512 void exp_rows512(float* x, int64_t stride, int64_t n, float* inv) {
+  __m512 mx[R], sum[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    mx[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    sum[r] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = mask16(n - i);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) mx[r] = _mm512_max_ps(mx[r], load16(k, x + r * stride + i));
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) mx[r] = _mm512_set1_ps(_mm512_reduce_max_ps(mx[r]));
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = mask16(n - i);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      float* p = x + r * stride + i;
+      const __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(load16(k, p), mx[r])));
+      sum[r] = _mm512_add_ps(sum[r], e);
+      store16(p, k, e);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) inv[r] = 1.0f / _mm512_reduce_add_ps(sum[r]);
+}
+
 // 16 floats of x (the lanes of m; zeros elsewhere) quantized as quantize512:
 // their bytes.
 QPACK_AVX512 inline __m128i round_u8_16(const float* x, __mmask16 m, __m512 inv, __m512 zp) {
@@ -668,6 +703,17 @@ bool softmax_row_f32_vector(float* x, int64_t n) {
   return true;
 }
 
+bool exp_rows_f32_vector(float* x, int rows, int64_t stride, int64_t n, float* inv) {
+  if (isa_level() != 2) return false;
+  switch (rows) {
+    case 4: exp_rows512<4>(x, stride, n, inv); return true;
+    case 3: exp_rows512<3>(x, stride, n, inv); return true;
+    case 2: exp_rows512<2>(x, stride, n, inv); return true;
+    case 1: exp_rows512<1>(x, stride, n, inv); return true;
+    default: return false;
+  }
+}
+
 bool quantize_interleave_u8_vector(const float* x, int64_t C, int64_t HW, int64_t p0, int64_t p1, float inv_scale,
                                    float zero_point, uint8_t* y) {
   if (!quantize_interleave_u8_vectorized(C)) return false;
@@ -737,6 +783,7 @@ int64_t affine2_u8_vector(const uint8_t*, const uint8_t*, int64_t, float, float,
 int64_t lut_u8_vector(const uint8_t*, const uint8_t*, int64_t, uint8_t*) { return 0; }
 bool quantize_interleave_u8_vectorized(int64_t) { return false; }
 bool softmax_row_f32_vector(float*, int64_t) { return false; }
+bool exp_rows_f32_vector(float*, int, int64_t, int64_t, float*) { return false; }
 bool vec_math_avx512() { return false; }
 bool quantize_interleave_u8_vector(const float*, int64_t, int64_t, int64_t, int64_t, float, float, uint8_t*) {
   return false;

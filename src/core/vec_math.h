@@ -43,6 +43,10 @@ bool vec_math_avx512();
 // x = softmax(x) over one row of n floats in place (exp(x - max) / sum; -inf
 // gives 0): true when done (AVX-512F), false, and nothing written, without.
 bool softmax_row_f32_vector(float* x, int64_t n);
+// Rows 0..rows-1 (1 to 4) of x, stride floats apart, n each: exp(x - the row's
+// max) in place and inv[r] = 1 / the row's sum (a softmax less its last scale),
+// with AVX-512; false (x untouched) without it or for another row count.
+bool exp_rows_f32_vector(float* x, int rows, int64_t stride, int64_t n, float* inv);
 
 // Pixels [p0, p1) of one NCHW image of C float planes of HW values quantized
 // as quantize_u8_vector into NHWC bytes (y: the image's, pixel p at y + p C):

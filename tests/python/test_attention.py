@@ -233,7 +233,7 @@ import torch.nn.functional as F  # noqa: E402
 from qpack.torch.attention import scaled_dot_product_attention as qpack_sdpa  # noqa: E402
 
 _SHAPES = [((1, 12, 197, 64), 197), ((2, 3, 7, 16), 9), ((1, 2, 5, 20), 33), ((1, 1, 1, 8), 1),
-           ((2, 4, 50, 80), 50), ((1, 2, 70, 130), 65), ((3, 1, 9, 3), 100)]
+           ((2, 4, 50, 80), 50), ((1, 2, 70, 130), 65), ((3, 1, 9, 3), 100), ((4, 4, 196, 24), 196)]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
