@@ -360,12 +360,13 @@ def _inside_torch_leaves(model, rules):
 def _analyze(model, rules):
     """{id(layer): (bn, activation)}, the modules that become Identity, and the layers
     whose tensors the forward reads itself (left unfrozen), from an fx trace."""
-    class Tracer(torch.fx.Tracer):
+    from qpack.torch.graph import CpuTracer, trace_clean
+
+    class Tracer(CpuTracer):
         # every type with a rule is a leaf, so user-registered layers show up as calls
         def is_leaf_module(self, m, qualname):
             return type(m) in rules or isinstance(m, _BatchNorm) or super().is_leaf_module(m, qualname)
 
-    from qpack.torch.graph import trace_clean
     graph = trace_clean(Tracer(), model)
     modules = dict(model.named_modules(remove_duplicate=False))
     calls = collections.Counter()

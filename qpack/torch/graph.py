@@ -647,6 +647,24 @@ class _Lowering:
         return False
 
 
+class _CpuProxy(torch.fx.Proxy):
+    """An fx proxy whose ``.device`` is the CPU, the only device a frozen model runs on:
+    a forward that passes ``x.device.type`` on as a string (timm's EfficientViT:
+    ``torch.autocast(device_type=v.device.type, enabled=False)``) traces."""
+
+    def __getattr__(self, k):
+        if k == "device":
+            return torch.device("cpu")
+        return super().__getattr__(k)
+
+
+class CpuTracer(torch.fx.Tracer):
+    """torch.fx's tracer with _CpuProxy values: qpack's traces."""
+
+    def proxy(self, node):
+        return _CpuProxy(node, self)
+
+
 def trace_clean(tracer, model):
     """tracer.trace(model), then the fx proxies the forward stored in the modules
     removed: a forward that caches into its module (timm's LeViT keeps attention
@@ -668,7 +686,7 @@ def trace_clean(tracer, model):
 
 def trace(model):
     """fx trace of a layer-frozen model, frozen layers as leaves."""
-    class Tracer(torch.fx.Tracer):
+    class Tracer(CpuTracer):
         def is_leaf_module(self, m, qualname):
             return (isinstance(m, (FrozenConv1d, FrozenConv2d, FrozenLinear, FrozenMultiheadAttention))
                     or super().is_leaf_module(m, qualname))

@@ -4,6 +4,7 @@ arithmetic between ops (ViT's n_h * n_w), and a forward that caches a tensor in 
 module (timm's LeViT keeps attention biases in a dict keyed by str(x.device)): each
 freezes fp32 and int8, runs, and matches eager."""
 import copy
+import warnings
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import qpack
+from qpack.torch import FreezeWarning
 from qpack.torch import graph as G
 
 from test_graph import randomize_bn, rel_err
@@ -98,6 +100,40 @@ def test_a_forward_that_caches_into_its_module(dtype):
         assert rel_err(f(x), ref) < (1e-5 if dtype is None else 0.1)
         assert rel_err(copy.deepcopy(f)(x), f(x)) == 0
         assert torch.equal(model(x), ref)
+
+
+class ReadsTheDevice(nn.Module):
+    """A forward that passes x.device.type on as a string (timm's EfficientViT:
+    torch.autocast(device_type=v.device.type, enabled=False) around its attention)
+    and makes a constant on x.device."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        y = F.relu(self.c1(x))
+        with torch.autocast(device_type=y.device.type, enabled=False):
+            y = y.float() + torch.ones(1, device=y.device)
+        return self.c2(y)
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_a_forward_that_reads_the_device_traces_whole(dtype):
+    """The trace's values are on the CPU: the model freezes as one graph, no per-submodule
+    fallback (which warns) and matches eager."""
+    torch.manual_seed(3)
+    model = ReadsTheDevice().eval()
+    x = torch.randn(2, 3, 9, 7)
+    with torch.no_grad():
+        ref = model(x)
+    kw = dict(dtype="int8", example_inputs=[torch.randn_like(x) for _ in range(3)]) if dtype else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FreezeWarning)
+        f = qpack.freeze(model, progress=False, **kw)
+    assert "1 graph(s)" in qpack.graph_report(f) and "submodule" not in qpack.graph_report(f)
+    with torch.no_grad():
+        assert rel_err(f(x), ref) < (1e-5 if dtype is None else 0.1)
 
 
 class SplitAcrossSegments(nn.Module):
