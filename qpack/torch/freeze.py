@@ -24,7 +24,8 @@ from qpack._core import Error as qpack_error
 from qpack._core import InvalidArgumentError, InvalidTypeError
 from qpack._policy import backends as _backends
 from qpack.torch import quantize as _q
-from qpack.torch.modules import FROZEN_TYPES, FrozenConv1d, FrozenConv2d, FrozenLinear, FrozenMultiheadAttention
+from qpack.torch.modules import (FROZEN_TYPES, FrozenConv1d, FrozenConv2d, FrozenLinear, FrozenMultiheadAttention,
+                                 FrozenTransformerEncoder, FrozenTransformerEncoderLayer)
 
 
 class FreezeWarning(UserWarning):
@@ -178,6 +179,43 @@ def convert_multihead_attention(mod, ctx, bn=None, activation=None):
     return FrozenMultiheadAttention(in_proj, out_proj, mod.num_heads, mod.batch_first)
 
 
+def _written_out_as(m):
+    """The type of _WRITTEN_OUT whose forward m runs (m's class, or a subclass that
+    overrides none of the methods the frozen form writes out), else None."""
+    for base in (nn.TransformerEncoderLayer, nn.TransformerEncoder):
+        if isinstance(m, base):
+            same = all(getattr(type(m), k) is getattr(base, k) for k in ("forward", "_sa_block", "_ff_block")
+                       if hasattr(base, k))
+            return base if same else None
+    return None
+
+
+def convert_transformer_encoder_layer(mod, ctx, bn=None, activation=None):
+    """nn.TransformerEncoderLayer: its attention and feed-forward Linears frozen as
+    convert_multihead_attention / convert_linear freeze them, the layer's forward
+    written out (FrozenTransformerEncoderLayer); kept as it is where its attention is."""
+    if not isinstance(mod.self_attn, nn.MultiheadAttention) or not isinstance(mod.linear1, nn.Linear) \
+            or not isinstance(mod.linear2, nn.Linear):
+        return None
+    attn = convert_multihead_attention(mod.self_attn, ctx)
+    l1, l2 = convert_linear(mod.linear1, ctx), convert_linear(mod.linear2, ctx)
+    if attn is None or l1 is None or l2 is None:
+        return None
+    return FrozenTransformerEncoderLayer(mod, attn, l1, l2)
+
+
+def convert_transformer_encoder(mod, ctx, bn=None, activation=None):
+    """nn.TransformerEncoder: each layer as convert_transformer_encoder_layer freezes it,
+    under FrozenTransformerEncoder; kept as it is where a layer is."""
+    layers = []
+    for layer in mod.layers:
+        new = convert_transformer_encoder_layer(layer, ctx) if _written_out_as(layer) else None
+        if new is None:
+            return None
+        layers.append(new)
+    return FrozenTransformerEncoder(mod, layers)
+
+
 def _conv_padding(mod):
     if mod.padding_mode != "zeros":
         return None
@@ -275,6 +313,8 @@ def _default_mapping():
         nn.Conv1d: Rule(_make_conv_converter(FrozenConv1d), fold_bn=(nn.BatchNorm1d,), fuse_activation=True),
         nn.Conv2d: Rule(_make_conv_converter(FrozenConv2d), fold_bn=(nn.BatchNorm2d,), fuse_activation=True),
         nn.MultiheadAttention: Rule(convert_multihead_attention),
+        nn.TransformerEncoderLayer: Rule(convert_transformer_encoder_layer),
+        nn.TransformerEncoder: Rule(convert_transformer_encoder),
     }
     try:
         with warnings.catch_warnings():
@@ -349,12 +389,18 @@ def _activation_of(node, cur, modules):
 def _inside_torch_leaves(model, rules):
     """ids of the layers inside a torch.nn module that fx calls as one leaf and that
     has no rule: its own code uses them, and may read their tensors itself
-    (nn.TransformerEncoderLayer hands self_attn's weights to a function), so they stay
+    (PyTorch's attention layers hand their weights to fused functions), so they stay
     as they are, whether the model traces or not."""
     leaf = torch.fx.Tracer().is_leaf_module
     return {id(c) for m in model.modules()
             if type(m) not in rules and not isinstance(m, _BatchNorm) and type(m).forward is not nn.Module.forward
-            and leaf(m, "") for c in m.modules() if c is not m and type(c) in rules}
+            and (leaf(m, "") or _own_transformer_forward(m)) for c in m.modules() if c is not m and type(c) in rules}
+
+
+def _own_transformer_forward(m):
+    """A subclass of a Transformer layer with a forward of its own: it may read its
+    attention's weights as PyTorch's fast path does, so it stays whole."""
+    return isinstance(m, _WRITTEN_OUT) and _written_out_as(m) is None
 
 
 def _analyze(model, rules):
@@ -635,7 +681,9 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
         raise InvalidArgumentError("example_inputs calibrate static int8 layers: pass dtype='int8' with them")
     bits = _int8_range(reduce_range, backend)
     _check_eval(model)
-    if not graph or type(model) in MAPPING or type(model) in (mapping or {}):
+    # a model that is one layer is that frozen layer (a Transformer encoder, whose forward the
+    # frozen one writes out, runs on graphs as any model)
+    if not graph or (type(model) in MAPPING and type(model) not in _WRITTEN_OUT) or type(model) in (mapping or {}):
         return _freeze_layers(model, backend=backend, retain=retain, inplace=inplace,
                               example_inputs=example_inputs, dtype=dtype, fuse=fuse, mapping=mapping, bits=bits)
     if dtype == "int8" and example_inputs is not None and not inplace:
@@ -938,6 +986,10 @@ def _subclass_rules(model, rules):
             continue
         verdict[t] = _computes_as(m, base) or (base is not nn.Linear and _effective_conv(m) is not None and "weight")
     out = {}
+    for m in model.modules():  # subclasses of the Transformer layers that compute as them
+        base = _written_out_as(m)
+        if base is not None and type(m) not in rules and base in rules:
+            out[type(m)] = rules[base]
     for t, same in verdict.items():
         rule = rules[next(b for b in bases if issubclass(t, b))]
         if same == "weight":  # its weight made in forward (weight standardization): packed as made
@@ -1120,6 +1172,13 @@ def _tied(model, layers):
             if (key := storage(getattr(layer, "_parameters", {}).get("weight"))) is not None and len(owners[key]) > 1}
 
 
+# layers whose frozen forms write their forward out (traced through, run on graphs)
+_WRITTEN_OUT = (nn.TransformerEncoderLayer, nn.TransformerEncoder)
+# frozen modules that unfreeze turns back whole (to_torch)
+_UNFROZEN_WHOLE = FROZEN_TYPES + (FrozenMultiheadAttention, FrozenTransformerEncoderLayer,
+                                  FrozenTransformerEncoder)
+
+
 def unfreeze(frozen, *, inplace=False):
     """An ordinary, editable nn.Module computing what ``frozen`` computes.
 
@@ -1142,10 +1201,13 @@ def unfreeze(frozen, *, inplace=False):
         return mod
 
     from qpack.torch import graph as _g
-    if isinstance(frozen, FROZEN_TYPES + (FrozenMultiheadAttention,)):
+    if isinstance(frozen, _UNFROZEN_WHOLE):
         return back(frozen)
-    replacements = {id(m): back(m) for m in frozen.modules()
-                    if isinstance(m, FROZEN_TYPES + (FrozenMultiheadAttention,))}
+    replacements, inside = {}, set()
+    for m in frozen.modules():  # parents first: a frozen encoder turns back with its layers
+        if isinstance(m, _UNFROZEN_WHOLE) and id(m) not in inside:
+            replacements[id(m)] = back(m)
+            inside.update(id(c) for c in m.modules())
     if inplace:
         _swap(frozen, replacements)
         _g.detach(frozen)

@@ -665,13 +665,13 @@ class CpuTracer(torch.fx.Tracer):
         return _CpuProxy(node, self)
 
 
-def trace_clean(tracer, model):
+def trace_clean(tracer, model, concrete_args=None):
     """tracer.trace(model), then the fx proxies the forward stored in the modules
     removed: a forward that caches into its module (timm's LeViT keeps attention
     biases in a dict keyed by str(x.device)) would otherwise leave one there, and
     a later deepcopy of the model copies it into half-built modules."""
     try:
-        return tracer.trace(model)
+        return tracer.trace(model, concrete_args=concrete_args)
     finally:
         for m in model.modules():
             for k, v in list(m.__dict__.items()):
@@ -691,13 +691,50 @@ def trace(model):
             return (isinstance(m, (FrozenConv1d, FrozenConv2d, FrozenLinear, FrozenMultiheadAttention))
                     or super().is_leaf_module(m, qualname))
 
-    graph = trace_clean(Tracer(), model)
+    nones = None
+    try:
+        graph = trace_clean(Tracer(), model)
+    except Exception:
+        # a forward that tests its optional arguments (nn.TransformerEncoder's masks:
+        # `if mask is not None`), traced once more with them None; calls that pass one
+        # run the model's own forward (GraphRunner.__call__)
+        nones = _none_defaults(model)
+        if not nones:
+            raise
+        graph = trace_clean(Tracer(), model, concrete_args=nones)
     try:
         gm = torch.fx.GraphModule(model, graph)
     except Exception as e:  # noqa: BLE001 - e.g. a submodule named like a GraphModule attribute
         raise Unsupported(f"the traced model cannot become a GraphModule ({type(e).__name__}: {e})") from None
+    gm._qpack_none_from = None if not nones else _positions(model)[next(iter(nones))]
     canonicalize(gm)
     return gm
+
+
+def _positions(model):
+    """{name: position} of the forward's parameters that may be passed positionally."""
+    params = list(inspect.signature(type(model).forward).parameters.values())[1:]
+    return {p.name: i for i, p in enumerate(params)
+            if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)}
+
+
+def _none_defaults(model):
+    """{name: None} for the trailing forward parameters whose default is None (none when
+    a parameter without a default follows one)."""
+    try:
+        params = list(inspect.signature(type(model).forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return {}
+    out = {}
+    for p in params:
+        if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            return {}
+        if p.default is None:
+            out[p.name] = None
+        elif out:
+            return {}
+    positions = _positions(model)
+    return out if all(n in positions for n in out) else {}
 
 
 # ---- canonical spellings: shape arithmetic the trace records, rewritten to ops the core runs ----
@@ -2346,6 +2383,9 @@ class GraphRunner:
         if kwargs:
             return type(model).forward(model, *args, **kwargs)
         if self._gm is not None:
+            first = getattr(self._gm, "_qpack_none_from", None)
+            if first is not None and any(a is not None for a in args[first:]):
+                return type(model).forward(model, *args)  # traced with those None
             return self._gm(*args)
         seg = self._segments[0]
         arrays = [_to_array(a) for a in args]

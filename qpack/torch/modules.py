@@ -684,5 +684,113 @@ class FrozenMultiheadAttention(nn.Module):
         return mha.train(False)
 
 
-__all__ = ["FrozenConv1d", "FrozenConv2d", "FrozenLinear", "FrozenMultiheadAttention", "PackedWeight",
-           "FROZEN_TYPES"]
+class FrozenTransformerEncoderLayer(nn.Module):
+    """nn.TransformerEncoderLayer (eval) as the ops it computes, written out:
+    ``self_attn`` a FrozenMultiheadAttention, ``linear1`` / ``linear2`` frozen
+    linears, the layer's own LayerNorms and activation. PyTorch's layer hands its
+    weights to one fused function (its fast path), which no trace sees into; this
+    forward is PyTorch's other path (the same arithmetic, dropout off), so a frozen
+    model traces through it and its adds, norms and feed-forward run in core graphs.
+    The same arguments as nn.TransformerEncoderLayer.forward; ``unfreeze`` gives
+    back an nn.TransformerEncoderLayer."""
+
+    def __init__(self, layer, self_attn, linear1, linear2):
+        super().__init__()
+        self.self_attn, self.linear1, self.linear2 = self_attn, linear1, linear2
+        self.norm1, self.norm2 = copy.deepcopy(layer.norm1), copy.deepcopy(layer.norm2)
+        act = layer.activation
+        self.activation = copy.deepcopy(act) if isinstance(act, nn.Module) else act
+        self.norm_first = bool(layer.norm_first)
+        self.batch_first = bool(self_attn.batch_first)
+        self._dropout = float(layer.dropout.p)  # for to_torch
+
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal):
+        return self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                              need_weights=False, is_causal=is_causal)[0]
+
+    def _ff_block(self, x):
+        return self.linear2(self.activation(self.linear1(x)))
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        x = src
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
+            return x + self._ff_block(self.norm2(x))
+        x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal))
+        return self.norm2(x + self._ff_block(x))
+
+    def to_torch(self):
+        """An nn.TransformerEncoderLayer with the unpacked (int8: dequantized) weights."""
+        mha = self.self_attn.to_torch()
+        l1, l2 = self.linear1.to_torch(), self.linear2.to_torch()
+        layer = nn.TransformerEncoderLayer(
+            mha.embed_dim, mha.num_heads, l1.out_features, dropout=self._dropout,
+            activation=copy.deepcopy(self.activation) if isinstance(self.activation, nn.Module) else self.activation,
+            layer_norm_eps=self.norm1.eps, batch_first=self.batch_first, norm_first=self.norm_first,
+            bias=mha.in_proj_bias is not None)
+        layer.self_attn, layer.linear1, layer.linear2 = mha, l1, l2
+        layer.norm1, layer.norm2 = copy.deepcopy(self.norm1), copy.deepcopy(self.norm2)
+        return layer.train(False)
+
+
+class FrozenTransformerEncoder(nn.Module):
+    """nn.TransformerEncoder (eval) over FrozenTransformerEncoderLayers, its forward
+    written out as FrozenTransformerEncoderLayer's is: the masks made float as
+    PyTorch makes them, each layer, the final norm. Where PyTorch's encoder would
+    run its layers on a nested tensor (a key padding mask, left-aligned, no other
+    mask, ``enable_nested_tensor``) the padded positions come out 0 as there; the
+    other positions see the padding as masked keys, the same values."""
+
+    def __init__(self, encoder, layers):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.num_layers = len(layers)
+        self.norm = copy.deepcopy(encoder.norm)
+        self.enable_nested_tensor = bool(getattr(encoder, "enable_nested_tensor", False))
+        self.use_nested_tensor = bool(getattr(encoder, "use_nested_tensor", False))
+        self.mask_check = bool(getattr(encoder, "mask_check", True))
+
+    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
+        from torch.nn.modules.transformer import _detect_is_causal_mask
+        if src_key_padding_mask is not None:
+            src_key_padding_mask = F._canonical_mask(
+                mask=src_key_padding_mask, mask_name="src_key_padding_mask", other_type=F._none_or_dtype(mask),
+                other_name="mask", target_type=src.dtype)
+        zero_padded = False
+        if mask is not None:
+            mask = F._canonical_mask(mask=mask, mask_name="mask", other_type=None, other_name="",
+                                     target_type=src.dtype, check_other=False)
+            seq_len = src.shape[0] if src.dim() == 2 else src.shape[1 if self.layers[0].batch_first else 0]
+            is_causal = _detect_is_causal_mask(mask, is_causal, seq_len)
+        else:
+            is_causal = bool(is_causal)
+            zero_padded = (src_key_padding_mask is not None and self.use_nested_tensor and src.dim() == 3
+                           and torch.backends.mha.get_fastpath_enabled()
+                           and (not self.mask_check or bool(torch._nested_tensor_from_mask_left_aligned(
+                               src, src_key_padding_mask.logical_not()))))
+        output = src
+        for mod in self.layers:
+            output = mod(output, src_mask=mask, is_causal=is_causal, src_key_padding_mask=src_key_padding_mask)
+        if zero_padded:  # PyTorch's nested tensor comes back padded with zeros
+            pad = src_key_padding_mask != 0
+            output = output.masked_fill(pad.unsqueeze(-1) if self.layers[0].batch_first else pad.t().unsqueeze(-1),
+                                        0.0)
+        if self.norm is not None:
+            output = self.norm(output)
+        return output
+
+    def to_torch(self):
+        """An nn.TransformerEncoder of the layers' to_torch()."""
+        import warnings
+        layers = [m.to_torch() for m in self.layers]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its notes on enable_nested_tensor
+            enc = nn.TransformerEncoder(layers[0], len(layers), norm=copy.deepcopy(self.norm),
+                                        enable_nested_tensor=self.enable_nested_tensor, mask_check=self.mask_check)
+        enc.layers = nn.ModuleList(layers)
+        enc.use_nested_tensor = self.use_nested_tensor
+        return enc.train(False)
+
+
+__all__ = ["FrozenConv1d", "FrozenConv2d", "FrozenLinear", "FrozenMultiheadAttention", "FrozenTransformerEncoder",
+           "FrozenTransformerEncoderLayer", "PackedWeight", "FROZEN_TYPES"]

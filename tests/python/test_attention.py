@@ -4,13 +4,14 @@ every argument of its forward; what freeze keeps as it is, lifetimes, saving, er
 import copy
 import io
 import pickle
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
 import qpack
-from qpack.torch import FrozenMultiheadAttention
+from qpack.torch import FreezeWarning, FrozenMultiheadAttention
 
 pytestmark = pytest.mark.skipif("onednn" not in qpack.backends(), reason="the oneDNN backend is not built")
 
@@ -140,16 +141,33 @@ def test_kept_as_pytorch_where_it_does_more():
         assert type(f[0]) is nn.MultiheadAttention, kw
 
 
-def test_inside_a_transformer_encoder_layer_stays():
-    """nn.TransformerEncoderLayer is one fx leaf whose own code reads self_attn's weights:
-    its attention stays PyTorch's, and the model still runs."""
+class OwnEncoderLayer(nn.TransformerEncoderLayer):
+    """A subclass of nn.TransformerEncoderLayer with a forward of its own (here its
+    base's, whose fast path hands self_attn's weights to one function)."""
+
+    def forward(self, src, *args, **kwargs):
+        return super().forward(src, *args, **kwargs) * 2.0
+
+
+class SameEncoderLayer(nn.TransformerEncoderLayer):
+    """A subclass that overrides nothing: it computes what its base computes."""
+
+
+def test_inside_a_transformer_encoder_layer_subclass_stays():
+    """A subclass of nn.TransformerEncoderLayer with its own forward is no layer freeze
+    writes out (test_transformer_encoder.py has those): its code may read self_attn's
+    weights, so its attention stays PyTorch's, and the model still runs; one that
+    overrides nothing is written out as its base."""
     torch.manual_seed(4)
-    m = nn.TransformerEncoderLayer(E, H, dim_feedforward=64, batch_first=True).eval()
-    f = qpack.freeze(nn.Sequential(m).eval())
-    assert type(f[0].self_attn) is nn.MultiheadAttention
     x = torch.randn(2, 5, E)
-    with torch.no_grad():
-        assert close(f(x), m(x))
+    for cls, frozen_attn in ((OwnEncoderLayer, nn.MultiheadAttention), (SameEncoderLayer, FrozenMultiheadAttention)):
+        m = cls(E, H, dim_feedforward=64, batch_first=True).eval()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FreezeWarning)  # OwnEncoderLayer's forward does not trace
+            f = qpack.freeze(nn.Sequential(m).eval())
+        assert type(f[0].self_attn) is frozen_attn
+        with torch.no_grad():
+            assert close(f(x), m(x))
 
 
 class ReadsWeight(nn.Module):
