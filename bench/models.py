@@ -86,6 +86,23 @@ def speech_mlp(features=80, width=2048, depth=7, outputs=4000):
     return nn.Sequential(*layers)
 
 
+class Conv1dAudio(nn.Module):
+    """A 1-D convolutional acoustic model: [N, 80 features, frames] -> a 5-tap
+    Conv1d to 256 channels, a 5-tap depthwise Conv1d with BatchNorm, a pointwise
+    Conv1d (ReLUs between), then a Linear per frame to 40 classes."""
+
+    def __init__(self, features=80, width=256, classes=40):
+        super().__init__()
+        self.convs = nn.Sequential(
+            nn.Conv1d(features, width, 5, padding=2), nn.ReLU(),
+            nn.Conv1d(width, width, 5, padding=2, groups=width), nn.BatchNorm1d(width), nn.ReLU(),
+            nn.Conv1d(width, width, 1), nn.ReLU())
+        self.out = nn.Linear(width, classes)
+
+    def forward(self, x):
+        return self.out(self.convs(x).transpose(1, 2))
+
+
 def transformer_encoder(d_model=256, heads=4, ff=1024, layers=4):
     """nn.TransformerEncoder as a model of one's own builds it: post-norm GELU layers,
     batch first, a final LayerNorm."""

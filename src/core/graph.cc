@@ -1,6 +1,7 @@
 #include "core/graph.h"
 
 #include <algorithm>
+#include <functional>
 #include <chrono>
 #include <cstdio>
 #include <cmath>
@@ -1194,8 +1195,10 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
 ConvShape Graph::conv_shape(const GraphNode& n, const GraphPlan& plan, int add) const {
   const Shape& xs = plan.shapes[n.in[0]];
   const Shape& ys = plan.shapes[n.out];
-  // rank 3: [N, C, L] row-major is NCHW with height 1, in and out
-  ConvShape s = xs.rank == 3 ? ConvShape{xs.d[0], 1, xs.d[2], 1, ys.d[2], QPACK_LAYOUT_NCHW, QPACK_LAYOUT_NCHW}
+  // rank 3: [N, C, L] is NCHW with height 1 row-major, NHWC where held channels-last (plan.nlc)
+  ConvShape s = xs.rank == 3 ? ConvShape{xs.d[0], 1, xs.d[2], 1, ys.d[2],
+                                         plan.nlc[n.in[0]] ? QPACK_LAYOUT_NHWC : QPACK_LAYOUT_NCHW,
+                                         plan.nlc[n.out] ? QPACK_LAYOUT_NHWC : QPACK_LAYOUT_NCHW}
                              : ConvShape{xs.d[0], xs.d[2], xs.d[3], ys.d[2], ys.d[3],
                                          plan.nchw[n.in[0]] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC,
                                          plan.nchw[n.out] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC};
@@ -1233,6 +1236,57 @@ bool Graph::planar_conv(const GraphNode& n, const std::vector<Shape>& shapes) co
   return n.conv->kernel().fast_on_nchw_f32(s);
 }
 
+// Rank-3 values [N, C, L] that only 1-D convolutions and element-wise ops
+// (activations, equal-shape adds, quantize, dequantize) touch are held
+// channels-last, [N, L, C], as rank-4 values are NHWC: the convolutions' own
+// layout, so a chain of them runs without the two transposes each one made
+// (Conv1d 256 -> 256 over 400 steps, u8: 23 us each, most of a pointwise's
+// time). The values such ops connect form one group, all channels-last or
+// none: a group with a graph input, another reader or another producer stays
+// row-major. Graph outputs among them are transposed on the way out.
+void Graph::nlc_values(GraphPlan* p) const {
+  const int nv = static_cast<int>(values_.size());
+  auto rank3 = [&](int v) { return p->shapes[v].rank == 3; };
+  auto conv1d = [&](const GraphNode& n, size_t i) {
+    return n.kind == QPACK_NODE_CONV2D && n.conv != nullptr && rank3(n.in[0]) && !p->on_backend[i];
+  };
+  auto elementwise = [&](const GraphNode& n) {
+    if (n.kind != QPACK_NODE_ACTIVATION && n.kind != QPACK_NODE_ADD && n.kind != QPACK_NODE_QUANTIZE &&
+        n.kind != QPACK_NODE_DEQUANTIZE) {
+      return false;
+    }
+    if (!rank3(n.out)) return false;
+    for (int v : n.in) {
+      if (!rank3(v) || !(p->shapes[v] == p->shapes[n.out])) return false;
+    }
+    return true;
+  };
+  std::vector<int> group(static_cast<size_t>(nv));
+  for (int v = 0; v < nv; ++v) group[v] = v;
+  std::function<int(int)> find = [&](int v) { return group[v] == v ? v : group[v] = find(group[v]); };
+  for (const auto& n : nodes_) {
+    if (!elementwise(n)) continue;
+    for (int v : n.in) group[find(v)] = find(n.out);
+  }
+  std::vector<char> ok(static_cast<size_t>(nv), 1), has_conv(static_cast<size_t>(nv), 0);
+  for (int v = 0; v < nv; ++v) {
+    if (!rank3(v)) ok[find(v)] = 0;
+  }
+  for (int v : inputs_) ok[find(v)] = 0;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const GraphNode& n = nodes_[i];
+    const bool ew = elementwise(n), conv = conv1d(n, i);
+    if (conv) has_conv[find(n.out)] = 1;
+    if (!ew && !conv) {  // another producer or reader: its values stay row-major
+      ok[find(n.out)] = 0;
+      for (int v : n.in) ok[find(v)] = 0;
+    } else if (conv) {
+      for (size_t k = 1; k < n.in.size(); ++k) ok[find(n.in[k])] = 0;
+    }
+  }
+  for (int v = 0; v < nv; ++v) p->nlc[v] = ok[find(v)] && has_conv[find(v)];
+}
+
 GraphPlan Graph::make_plan(const qpack_tensor* inputs) const {
   GraphPlan p;
   const size_t nv = values_.size();
@@ -1240,6 +1294,7 @@ GraphPlan Graph::make_plan(const qpack_tensor* inputs) const {
   p.offsets.assign(nv, 0);
   p.external.assign(nv, false);
   p.nchw.assign(nv, false);
+  p.nlc.assign(nv, false);
   for (size_t i = 0; i < inputs_.size(); ++i) {
     const qpack_tensor& t = inputs[i];
     Shape s;
@@ -1280,6 +1335,7 @@ GraphPlan Graph::make_plan(const qpack_tensor* inputs) const {
     p.on_backend[i] = n.backend_op && n.backend_op->accepts(p.shapes[n.in[0]], p.shapes[n.out]);
   }
   fuse_adds(&p);
+  nlc_values(&p);
   // Outputs only the caller reads that their node writes NCHW itself: a
   // convolution's fast on planar data whose input is NCHW; a dequantize's,
   // transposing on the way (one pass instead of two), where no input came
@@ -1476,7 +1532,7 @@ void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* output
     const bool produced = std::find(inputs_.begin(), inputs_.end(), v) == inputs_.end();
     const bool once = std::count(outputs_.begin(), outputs_.end(), v) == 1;
     const qpack_layout held = plan->nchw[v] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC;
-    if (produced && once && (plan->shapes[v].rank != 4 || outputs[i].layout == held) &&
+    if (produced && once && !plan->nlc[v] && (plan->shapes[v].rank != 4 || outputs[i].layout == held) &&
         plan->shapes[v].numel() > 0) {
       ptrs[v] = static_cast<uint8_t*>(outputs[i].data);
       written[i] = true;
@@ -1505,7 +1561,9 @@ void Graph::run(const qpack_tensor* inputs, int num_inputs, qpack_tensor* output
     const size_t es = elem_size(values_[v].dtype);
     // held NHWC, or NCHW where it is a graph input read in place (plan->nchw)
     const qpack_layout held = plan->nchw[v] ? QPACK_LAYOUT_NCHW : QPACK_LAYOUT_NHWC;
-    if (s.rank == 4 && outputs[i].layout != held) {  // [N, rows, cols] -> [N, cols, rows]
+    if (plan->nlc[v]) {  // [N, L, C] -> [N, C, L]
+      transpose_channels(ptrs[v], s.d[0], s.d[2], s.d[1], es, static_cast<uint8_t*>(outputs[i].data));
+    } else if (s.rank == 4 && outputs[i].layout != held) {  // [N, rows, cols] -> [N, cols, rows]
       const bool nhwc = held == QPACK_LAYOUT_NHWC;
       const int64_t hw = s.d[2] * s.d[3], c = s.d[1];
       transpose_channels(ptrs[v], s.d[0], nhwc ? hw : c, nhwc ? c : hw, es, static_cast<uint8_t*>(outputs[i].data));

@@ -63,6 +63,8 @@ struct GraphPlan {
   std::vector<bool> external;     // per value: a graph input used in the caller's memory
   std::vector<bool> nchw;         // per value: held NCHW (an input its consumers read as it is, a
                                   // quantize of few channels, a planar convolution's output)
+  std::vector<bool> nlc;          // per value: a rank-3 [N, C, L] held channels-last ([N, L, C]):
+                                  // between 1-D convolutions (nlc_values)
   std::vector<bool> on_backend;   // per node: runs on its backend_op (which takes these shapes)
   // per node: a convolution into which an add is fused as its sum post-op
   // (ConvShape::sum): the add's index; that add: the convolution's; else -1
@@ -108,6 +110,7 @@ class Graph {
   bool planar_conv(const GraphNode& n, const std::vector<Shape>& shapes) const;
   // Sets plan->fused_add: residual adds their convolution runs as its sum post-op.
   void fuse_adds(GraphPlan* plan) const;
+  void nlc_values(GraphPlan* plan) const;
   // How convolution node n runs in plan: its layouts, its f32 activation, and
   // add node `add` fused in (ConvShape::sum) where add >= 0.
   ConvShape conv_shape(const GraphNode& n, const GraphPlan& plan, int add) const;

@@ -707,6 +707,53 @@ def test_conv1d_models_run_as_one_graph(dtype):
         close(f(x2), model(x2), 0.08 if dtype else 1e-5)
 
 
+class ConvChain1d(nn.Module):
+    """1-D convolutions back to back (dense, depthwise, pointwise), activations and a
+    residual add between them: the core holds those values channels-last; the chain's
+    end is a graph output, and a value also read by a mean stays row-major."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv1d(12, 48, 5, padding=2)
+        self.dw = nn.Conv1d(48, 48, 5, padding=2, groups=48)
+        self.pw = nn.Conv1d(48, 48, 1)
+        self.c2 = nn.Conv1d(48, 24, 3, padding=1)
+
+    def forward(self, x):
+        y = F.relu(self.c1(x))
+        z = F.relu(self.pw(F.relu(self.dw(y)))) + y
+        return self.c2(z), y.mean(2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_conv1d_chains_match_eager_and_the_per_edge_reference(dtype, backend):
+    if dtype is None and backend != BACKENDS[0]:
+        pytest.skip("fp32 graphs run on oneDNN")
+    torch.manual_seed(6)
+    model = ConvChain1d().eval()
+    x = torch.randn(2, 12, 37)
+    kw = dict(freeze_args(dtype, x.shape), backend=backend) if dtype else {}
+    f = qpack.freeze(model, progress=False, **kw)
+    runner = G.runner_of(f)
+    assert runner is not None and runner.num_segments == 1
+    with torch.no_grad():
+        got, ref = f(x), model(x)
+        assert got[0].is_contiguous() and got[0].shape == ref[0].shape
+        for g, r in zip(got, ref):
+            assert rel_err(g, r) < (0.08 if dtype else 1e-5), rel_err(g, r)
+        if dtype:
+            want = per_edge_reference(f, x)  # the graph's first output: the chain's end
+            assert want.shape == got[0].shape
+            spec = runner._spec
+            last = next(n for n in spec["nodes"] if n["output"] == spec["outputs"][0])  # its dequantize
+            out_s = spec["values"][last["inputs"][0]][1]
+            assert float((got[0] - want).abs().max()) <= 2 * out_s + 1e-6
+        x2 = torch.randn(1, 12, 64)  # another length: planned again
+        for g, r in zip(f(x2), model(x2)):
+            assert rel_err(g, r) < (0.08 if dtype else 1e-5)
+
+
 def test_negative_mean_dims_stay_in_pytorch():
     # (-2, -1) of a rank-3 value are dims (1, 2): not the graph's spatial mean
     class M(nn.Module):
