@@ -229,6 +229,7 @@ cdef extern from "qpack/qpack.h" nogil:
         QPACK_NODE_RESIZE_BILINEAR
         QPACK_NODE_CHANNEL_RANGE
         QPACK_NODE_LAYER_NORM
+        QPACK_NODE_TRANSPOSE
 
     ctypedef enum qpack_activation:
         QPACK_ACT_NONE

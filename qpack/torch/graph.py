@@ -442,6 +442,9 @@ class _Lowering:
         if self.is_flatten(node, m):
             self.emit_checked(node, "flatten", [node.args[0]])
             return
+        if _swaps_last_two_of_rank3(node):
+            self.emit_checked(node, "transpose", [node.args[0]])
+            return
         if node.op == "call_function" and node.target is channel_part:
             x, parts, index, groups = node.args
             self.emit_checked(node, "channels", [x], kernel=(parts, index), stride=(groups, 1))
@@ -537,7 +540,7 @@ class _Lowering:
 
     # ops that keep their input's torch.ao qparams (what PyTorch's quantized kernels do)
     _KEEPS_QPARAMS = ("activation", "maxpool2d", "avgpool2d", "global_avgpool", "flatten", "channels", "channel_range",
-                      "adaptive_avgpool2d", "resize_nearest", "resize_bilinear")
+                      "adaptive_avgpool2d", "resize_nearest", "resize_bilinear", "transpose")
 
     def constant(self, a):
         """A number, or the one-element tensor a get_attr node names (convert_fx keeps
@@ -956,6 +959,18 @@ _SAME_RANK_FUNCS = {F.relu, torch.relu, F.relu_, torch.relu_, F.relu6, F.hardtan
                     operator.sub, operator.isub, torch.sub, operator.truediv, operator.itruediv, torch.div, torch.cat}
 _SAME_RANK_METHODS = {"relu", "relu_", "sigmoid", "clamp", "clamp_", "contiguous", "add", "add_", "mul", "mul_",
                       "sub", "sub_", "div", "div_", "transpose", "float"}
+
+
+def _swaps_last_two_of_rank3(node):
+    """True when node is x.transpose(1, 2) (any spelling of dims 1 and 2, or -1 and -2,
+    torch.transpose too) or x.permute(0, 2, 1) of a value of rank 3."""
+    if not (isinstance(node, torch.fx.Node) and node.args and rank_of(node.args[0]) == 3 and not node.kwargs):
+        return False
+    if node.target in ("transpose", torch.transpose) and len(node.args) == 3:
+        return {_norm_dim(d, 3) for d in node.args[1:]} == {1, 2}
+    if node.op == "call_method" and node.target == "permute":
+        return tuple(_norm_dim(d, 3) for d in _sizes(node.args[1:])) == (0, 2, 1)
+    return False
 
 
 def rank_of(node):
@@ -1953,7 +1968,7 @@ def narrow_bounds(scale, zero_point, qmax):
     return -zero_point * scale, (qmax - zero_point) * scale
 
 
-_RANGE_KEEPING = ("maxpool2d", "flatten", "channels", "channel_range", "resize_nearest")
+_RANGE_KEEPING = ("maxpool2d", "flatten", "channels", "channel_range", "resize_nearest", "transpose")
 
 
 def _narrow_values(nodes, values, outputs, qmax):
@@ -2044,7 +2059,7 @@ def value_qparams(seg, ranges, qmax=255):
     producer = {n["output"]: n for n in seg.nodes}
     for v, fx in enumerate(seg.values):
         n = producer.get(v)
-        if n is not None and n["kind"] in ("maxpool2d", "flatten", "channels", "channel_range", "resize_nearest"):
+        if n is not None and n["kind"] in _RANGE_KEEPING:
             qp[v] = qp[n["inputs"][0]]
             continue
         if fx.name not in ranges:

@@ -61,6 +61,7 @@ const char* kind_name(qpack_node_kind k) {
     case QPACK_NODE_RESIZE_BILINEAR: return "resize_bilinear";
     case QPACK_NODE_CHANNEL_RANGE: return "channel_range";
     case QPACK_NODE_LAYER_NORM: return "layer_norm";
+    case QPACK_NODE_TRANSPOSE: return "transpose";
   }
   return "unknown";
 }
@@ -797,6 +798,7 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
       case QPACK_NODE_CHANNELS:
       case QPACK_NODE_CHANNEL_RANGE:
       case QPACK_NODE_RESIZE_NEAREST:
+      case QPACK_NODE_TRANSPOSE:
         expect_dtypes(x.dtype, x.dtype);
         check(same_qparams(x, y), QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind,
               ") keeps its input's u8 parameters; give value ", n.out, " those of value ", n.in[0]);
@@ -1142,6 +1144,11 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
                 "an input whose dim 1 divides into the parts, and each part into the groups");
       y.d[1] = x.d[1] / n.kernel[0];
       return y;
+    case QPACK_NODE_TRANSPOSE:
+      need_rank(x.rank == 3, "a rank-3 input");
+      y.d[1] = x.d[2];
+      y.d[2] = x.d[1];
+      return y;
     case QPACK_NODE_CHANNEL_RANGE:
       need_rank(x.rank >= 2 && n.kernel[0] + n.kernel[1] <= x.d[1],
                 "an input whose dim 1 holds the channel range");
@@ -1243,7 +1250,9 @@ bool Graph::planar_conv(const GraphNode& n, const std::vector<Shape>& shapes) co
 // (Conv1d 256 -> 256 over 400 steps, u8: 23 us each, most of a pointwise's
 // time). The values such ops connect form one group, all channels-last or
 // none: a group with a graph input, another reader or another producer stays
-// row-major. Graph outputs among them are transposed on the way out.
+// row-major. Graph outputs among them are transposed on the way out; a
+// transpose node reads and writes either order (a Conv1d's output transposed
+// for a Linear, in channels-last, is a copy).
 void Graph::nlc_values(GraphPlan* p) const {
   const int nv = static_cast<int>(values_.size());
   auto rank3 = [&](int v) { return p->shapes[v].rank == 3; };
@@ -1275,8 +1284,9 @@ void Graph::nlc_values(GraphPlan* p) const {
   for (int v : inputs_) ok[find(v)] = 0;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const GraphNode& n = nodes_[i];
-    const bool ew = elementwise(n), conv = conv1d(n, i);
+    const bool ew = elementwise(n), conv = conv1d(n, i), swap = n.kind == QPACK_NODE_TRANSPOSE;
     if (conv) has_conv[find(n.out)] = 1;
+    if (swap) continue;  // reads and writes either order (a copy or a transpose)
     if (!ew && !conv) {  // another producer or reader: its values stay row-major
       ok[find(n.out)] = 0;
       for (int v : n.in) ok[find(v)] = 0;
@@ -1900,6 +1910,20 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
           }
         }
       });
+      return;
+    }
+    case QPACK_NODE_TRANSPOSE: {
+      // each value's bytes as held: [N, A, B] row-major, or [N, B, A] where channels-last
+      // (plan.nlc); the same order in and out is a copy, else one tiled transpose
+      const size_t es = elem_size(xv.dtype);
+      const bool in_ab = !plan.nlc[n.in[0]], out_ab = plan.nlc[n.out];  // out [N, B, A] held as [N, A, B]
+      if (in_ab == out_ab) {
+        std::memcpy(y, x, static_cast<size_t>(count) * es);
+      } else if (in_ab) {
+        transpose_channels(x, xs.d[0], xs.d[1], xs.d[2], es, y);
+      } else {
+        transpose_channels(x, xs.d[0], xs.d[2], xs.d[1], es, y);
+      }
       return;
     }
     case QPACK_NODE_FLATTEN: {

@@ -273,6 +273,8 @@ def per_edge_reference(f, x):
             r = a.mean(tuple(range(2, a.dim())), keepdim=n.get("keepdim", True))
         elif k == "flatten":
             r = torch.flatten(a, 1)
+        elif k == "transpose":
+            r = a.transpose(1, 2)
         elif k == "channels":
             r = G.channel_part(a, n["kernel"][0], n["kernel"][1], n["stride"][0])
         elif k == "channel_range":
@@ -752,6 +754,54 @@ def test_conv1d_chains_match_eager_and_the_per_edge_reference(dtype, backend):
         x2 = torch.randn(1, 12, 64)  # another length: planned again
         for g, r in zip(f(x2), model(x2)):
             assert rel_err(g, r) < (0.08 if dtype else 1e-5)
+
+
+class ConformerConv(nn.Module):
+    """Tokens [N, T, D] transposed into a Conv1d chain and back (a Conformer's
+    convolution module), then a Linear per step; and a Conv1d's output transposed
+    for a Linear (an acoustic model's head)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pw1, self.dw = nn.Conv1d(16, 32, 1), nn.Conv1d(32, 32, 7, padding=3, groups=32)
+        self.pw2, self.fc, self.head = nn.Conv1d(32, 16, 1), nn.Linear(16, 5), nn.Linear(16, 3)
+
+    def forward(self, x):
+        y = self.pw2(F.silu(self.dw(F.relu(self.pw1(x.transpose(1, 2))))))
+        z = self.fc(F.relu(y.permute(0, 2, 1)))
+        return z, self.head(y.transpose(-1, -2)), z.transpose(1, 2)  # (a row-major value transposed)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_rank3_transposes_run_in_the_graph(dtype, backend, tmp_path):
+    """x.transpose(1, 2) / permute(0, 2, 1) of rank-3 values are transpose nodes: a
+    copy or a tiled transpose by the layouts the core holds its values in; one graph,
+    eager's values (int8: within a quantum of the per-edge reference), saved and loaded."""
+    if dtype is None and backend != BACKENDS[0]:
+        pytest.skip("fp32 graphs run on oneDNN")
+    torch.manual_seed(7)
+    model = ConformerConv().eval()
+    x = torch.randn(2, 23, 16)
+    kw = dict(freeze_args(dtype, x.shape), backend=backend) if dtype else {}
+    f = qpack.freeze(model, progress=False, **kw)
+    runner = G.runner_of(f)
+    assert runner is not None and runner.num_segments == 1
+    # (the input's transpose stays PyTorch's: the trace does not know the input's rank)
+    assert [n["kind"] for n in runner._spec["nodes"]].count("transpose") == 3
+    with torch.no_grad():
+        got, ref = f(x), model(x)
+        for g, r in zip(got, ref):
+            assert rel_err(g, r) < (0.08 if dtype else 1e-5), rel_err(g, r)
+        if dtype:
+            want = per_edge_reference(f, x.transpose(1, 2))  # the graph's input: x transposed by PyTorch
+            spec = runner._spec
+            last = next(n for n in spec["nodes"] if n["output"] == spec["outputs"][0])
+            assert float((got[0] - want).abs().max()) <= 2 * spec["values"][last["inputs"][0]][1] + 1e-6
+        path = tmp_path / "m.qpk"
+        qpack.save(f, str(path))
+        for g, r in zip(qpack.load(str(path))(x), got):
+            assert torch.equal(g, r)
 
 
 def test_negative_mean_dims_stay_in_pytorch():

@@ -486,6 +486,9 @@ typedef enum qpack_node_kind {
                                     GroupNorm, dim 1's channels in kernel_w groups (dividing
                                     them), each normalized over its channels and every
                                     spatial position of its sample (nn.GroupNorm) */
+  QPACK_NODE_TRANSPOSE = 20,     /* [N, A, B] -> [N, B, A] (x.transpose(1, 2) of a rank-3 value:
+                                    a Conv1d's [N, C, L] as the [N, L, C] rows a Linear reads);
+                                    u8 qparams kept */
 } qpack_node_kind;
 
 typedef enum qpack_activation {
