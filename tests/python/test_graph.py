@@ -727,30 +727,36 @@ class ConvChain1d(nn.Module):
         return self.c2(z), y.mean(2)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", [None, "int8"])
-def test_conv1d_chains_match_eager_and_the_per_edge_reference(dtype, backend):
+def one_graph_matches(model, x, dtype, backend, graph_input=None):
+    """model frozen (fp32, or int8 on backend) as one graph: its outputs against eager,
+    and in int8 the first one within a quantum of the per-edge reference (fed
+    ``graph_input``, what the graph's input is, x by default). Returns the frozen model."""
     if dtype is None and backend != BACKENDS[0]:
         pytest.skip("fp32 graphs run on oneDNN")
-    torch.manual_seed(6)
-    model = ConvChain1d().eval()
-    x = torch.randn(2, 12, 37)
     kw = dict(freeze_args(dtype, x.shape), backend=backend) if dtype else {}
     f = qpack.freeze(model, progress=False, **kw)
     runner = G.runner_of(f)
     assert runner is not None and runner.num_segments == 1
     with torch.no_grad():
         got, ref = f(x), model(x)
-        assert got[0].is_contiguous() and got[0].shape == ref[0].shape
         for g, r in zip(got, ref):
+            assert g.is_contiguous() and g.shape == r.shape
             assert rel_err(g, r) < (0.08 if dtype else 1e-5), rel_err(g, r)
         if dtype:
-            want = per_edge_reference(f, x)  # the graph's first output: the chain's end
-            assert want.shape == got[0].shape
+            want = per_edge_reference(f, x if graph_input is None else graph_input)  # the first output's
             spec = runner._spec
             last = next(n for n in spec["nodes"] if n["output"] == spec["outputs"][0])  # its dequantize
-            out_s = spec["values"][last["inputs"][0]][1]
-            assert float((got[0] - want).abs().max()) <= 2 * out_s + 1e-6
+            assert float((got[0] - want).abs().max()) <= 2 * spec["values"][last["inputs"][0]][1] + 1e-6
+    return f
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_conv1d_chains_match_eager_and_the_per_edge_reference(dtype, backend):
+    torch.manual_seed(6)
+    model = ConvChain1d().eval()
+    f = one_graph_matches(model, torch.randn(2, 12, 37), dtype, backend)
+    with torch.no_grad():
         x2 = torch.randn(1, 12, 64)  # another length: planned again
         for g, r in zip(f(x2), model(x2)):
             assert rel_err(g, r) < (0.08 if dtype else 1e-5)
@@ -778,26 +784,14 @@ def test_rank3_transposes_run_in_the_graph(dtype, backend, tmp_path):
     """x.transpose(1, 2) / permute(0, 2, 1) of rank-3 values are transpose nodes: a
     copy or a tiled transpose by the layouts the core holds its values in; one graph,
     eager's values (int8: within a quantum of the per-edge reference), saved and loaded."""
-    if dtype is None and backend != BACKENDS[0]:
-        pytest.skip("fp32 graphs run on oneDNN")
     torch.manual_seed(7)
     model = ConformerConv().eval()
     x = torch.randn(2, 23, 16)
-    kw = dict(freeze_args(dtype, x.shape), backend=backend) if dtype else {}
-    f = qpack.freeze(model, progress=False, **kw)
-    runner = G.runner_of(f)
-    assert runner is not None and runner.num_segments == 1
     # (the input's transpose stays PyTorch's: the trace does not know the input's rank)
-    assert [n["kind"] for n in runner._spec["nodes"]].count("transpose") == 3
+    f = one_graph_matches(model, x, dtype, backend, graph_input=x.transpose(1, 2))
+    assert [n["kind"] for n in G.runner_of(f)._spec["nodes"]].count("transpose") == 3
     with torch.no_grad():
-        got, ref = f(x), model(x)
-        for g, r in zip(got, ref):
-            assert rel_err(g, r) < (0.08 if dtype else 1e-5), rel_err(g, r)
-        if dtype:
-            want = per_edge_reference(f, x.transpose(1, 2))  # the graph's input: x transposed by PyTorch
-            spec = runner._spec
-            last = next(n for n in spec["nodes"] if n["output"] == spec["outputs"][0])
-            assert float((got[0] - want).abs().max()) <= 2 * spec["values"][last["inputs"][0]][1] + 1e-6
+        got = f(x)
         path = tmp_path / "m.qpk"
         qpack.save(f, str(path))
         for g, r in zip(qpack.load(str(path))(x), got):
