@@ -762,7 +762,8 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
         segs = _g.segments(gm)
         if not segs:
             return None
-        qp = _g.qparams_by_name(segs, _calibrate_edges(gm, batches, show_progress, bits.act), bits.act)
+        ranges = _g.shared_layer_ranges(segs, _calibrate_edges(gm, batches, show_progress, bits.act))
+        qp = _g.qparams_by_name(segs, ranges, bits.act)
     except _g.Unsupported:
         return None
     if any(layer.mode != "f32" for seg in segs for layer in seg.layers):
@@ -895,7 +896,8 @@ def _freeze_int8_parts(fp32, backend, retain, batches, show_progress, bits):
         if not inputs[name] or None in inputs[name]:
             continue  # never called, or with keywords: its layers one by one
         try:
-            qp = _g.qparams_by_name(segs, _calibrate_edges(gm, inputs[name], False, bits.act), bits.act)
+            edges = _g.shared_layer_ranges(segs, _calibrate_edges(gm, inputs[name], False, bits.act))
+            qp = _g.qparams_by_name(segs, edges, bits.act)
         except Exception:  # noqa: BLE001 - its trace cannot run what its forward was given
             continue
         replacements.update(_int8_graph_layers(segs, qp, backend, retain, show_progress, bits))

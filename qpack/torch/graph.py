@@ -2075,6 +2075,25 @@ def _target_name(node):
     return t if isinstance(t, str) else getattr(t, "__name__", repr(t))
 
 
+def shared_layer_ranges(segs, ranges):
+    """``ranges`` with the values a layer called more than once reads given the union of
+    their ranges, and likewise the values it makes: its one static int8 twin quantizes
+    every call (a detection head run over each pyramid level, a module applied twice)."""
+    sites = collections.defaultdict(lambda: (set(), set()))
+    for seg in segs:
+        for n in seg.nodes:
+            if "layer" in n:
+                ins, outs = sites[id(n["layer"])]
+                ins.add(seg.values[n["inputs"][0]].name)
+                outs.add(seg.values[n["output"]].name)
+    out = dict(ranges)
+    for names in (group for ins, outs in sites.values() for group in (ins, outs)):
+        if len(names) > 1 and all(name in out for name in names):
+            union = (min(out[name][0] for name in names), max(out[name][1] for name in names))
+            out.update((name, union) for name in names)
+    return out
+
+
 def qparams_by_name(segs, ranges, qmax=255):
     """{fx node name: (scale, zero_point)} for every value of the segments, onto [0, qmax]
     (a QParams)."""

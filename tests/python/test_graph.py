@@ -798,6 +798,41 @@ def test_rank3_transposes_run_in_the_graph(dtype, backend, tmp_path):
             assert torch.equal(g, r)
 
 
+class SharedHead(nn.Module):
+    """One convolution applied to two feature maps of different ranges (a detection
+    head over pyramid levels)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, 2, 1)
+        self.head = nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x):
+        p1 = F.relu(self.a(x))
+        p2 = F.relu(self.b(p1)) * 3
+        return self.head(p1), self.head(p2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_layer_called_twice_is_one_int8_layer_over_both_ranges(backend):
+    """Its static int8 twin quantizes both calls: the ranges of what it reads, and of
+    what it makes, united (before, the graph could not hold its two output qparams and
+    the whole model ran layer by layer)."""
+    torch.manual_seed(8)
+    model = SharedHead().eval()
+    x = torch.randn(1, 3, 32, 32)
+    f = qpack.freeze(model, progress=False, dtype="int8", backend=backend,
+                     example_inputs=[torch.randn(1, 3, 32, 32) for _ in range(4)])
+    runner = G.runner_of(f)
+    assert runner is not None and runner.num_segments == 1
+    spec = runner._spec
+    heads = [n for n in spec["nodes"] if n.get("layer") == "head"]
+    assert len(heads) == 2 and spec["values"][heads[0]["output"]] == spec["values"][heads[1]["output"]]
+    with torch.no_grad():
+        for g, r in zip(f(x), model(x)):
+            assert rel_err(g, r) < 0.05, rel_err(g, r)
+
+
 def test_negative_mean_dims_stay_in_pytorch():
     # (-2, -1) of a rank-3 value are dims (1, 2): not the graph's spatial mean
     class M(nn.Module):
