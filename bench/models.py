@@ -86,6 +86,29 @@ def speech_mlp(features=80, width=2048, depth=7, outputs=4000):
     return nn.Sequential(*layers)
 
 
+class UNetLike(nn.Module):
+    """A small U-Net: three 3x3 convolutions down (to 128 channels at 1/4 size), up by
+    bilinear and nearest resizes, each concatenated with the skip connection of its
+    size and convolved, a 1x1 to 2 output channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.d1, self.d2 = nn.Conv2d(3, 32, 3, 1, 1), nn.Conv2d(32, 64, 3, 2, 1)
+        self.d3 = nn.Conv2d(64, 128, 3, 2, 1)
+        self.u2, self.u1 = nn.Conv2d(128 + 64, 64, 3, 1, 1), nn.Conv2d(64 + 32, 32, 3, 1, 1)
+        self.out = nn.Conv2d(32, 2, 1)
+
+    def forward(self, x):
+        import torch
+        import torch.nn.functional as F
+        a = F.relu(self.d1(x))
+        b = F.relu(self.d2(a))
+        c = F.relu(self.d3(b))
+        u = F.relu(self.u2(torch.cat([F.interpolate(c, scale_factor=2.0, mode="bilinear", align_corners=False), b], 1)))
+        u = F.relu(self.u1(torch.cat([F.interpolate(u, scale_factor=2.0, mode="nearest"), a], 1)))
+        return self.out(u)
+
+
 class Conv1dAudio(nn.Module):
     """A 1-D convolutional acoustic model: [N, 80 features, frames] -> a 5-tap
     Conv1d to 256 channels, a 5-tap depthwise Conv1d with BatchNorm, a pointwise

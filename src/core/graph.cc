@@ -405,6 +405,24 @@ void transpose_channels(const uint8_t* src, int64_t N, int64_t rows, int64_t col
   }
 }
 
+// n bytes from s to d; with `stream` (an output larger than the caches) by
+// non-temporal stores where d is 16-byte aligned, which skip reading the
+// destination's lines first (as glibc's memcpy does for large copies; a
+// concat's per-pixel runs are too short for it to): UNet-like concats of
+// [1, 96, 256, 256] / [1, 192, 128, 128] f32, one Zen 5 thread, 1360 -> 1090
+// and 726 -> 518 us (ORT 1085 / 480).
+inline void copy_run(uint8_t* __restrict d, const uint8_t* __restrict s, size_t n, bool stream) {
+  size_t i = 0;
+#ifdef __SSE2__
+  if (stream && reinterpret_cast<uintptr_t>(d) % 16 == 0) {
+    for (; i + 16 <= n; i += 16) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+    }
+  }
+#endif
+  if (i < n) std::memcpy(d + i, s + i, n - i);
+}
+
 // A pooling window of output (oh, ow): [hs, he) x [ws, we) inside the input,
 // and the padded window's size for count_include_pad.
 struct Window {
@@ -1939,29 +1957,44 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       int64_t outer, channels, inner;
       split_channels(ys, &outer, &channels, &inner);
       const size_t es = elem_size(yv.dtype);
-      int64_t at = 0;
+      struct Part {
+        const uint8_t* src;
+        int64_t run;  // values per outer step
+        bool requant;
+        float m, zi;
+      };
+      std::vector<Part> parts;
       for (int v : n.in) {
         int64_t o2, c2, i2;
         split_channels(plan.shapes[v], &o2, &c2, &i2);
         const GraphValue& iv = values_[v];
-        const Q qi{iv.scale, iv.zero_point};
-        const bool requant = u8 && !(iv.scale == yv.scale && iv.zero_point == yv.zero_point);
-        const int64_t run = c2 * inner;
-        const float m = qi.scale / qy.scale, zi = static_cast<float>(qi.zp), zy = static_cast<float>(qy.zp);
-        // each of the outer runs copied, or requantized as one channel of run values (affine_u8)
-        parallel_range(outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(run, 1)), [&](int64_t b, int64_t e) {
-          for (int64_t o = b; o < e; ++o) {
-            const uint8_t* src = ptrs[v] + static_cast<size_t>(o * run) * es;
-            uint8_t* dst = y + static_cast<size_t>(o * channels * inner + at * inner) * es;
-            if (!requant) {
-              std::memcpy(dst, src, static_cast<size_t>(run) * es);
-            } else {
-              affine_u8(src, 1, 1, run, &m, nullptr, zi, zy, dst);
-            }
-          }
-        });
-        at += c2;
+        parts.push_back(Part{ptrs[v], c2 * inner, u8 && !(iv.scale == yv.scale && iv.zero_point == yv.zero_point),
+                             iv.scale / qy.scale, static_cast<float>(iv.zero_point)});
       }
+      const float zy = static_cast<float>(qy.zp);
+      const bool stream = static_cast<size_t>(ys.numel()) * es > (size_t(8) << 20);
+      // output step by step, each input's run copied (or requantized as one channel of run
+      // values: affine_u8) after the one before: the output is written once, in order (an
+      // input at a time wrote each NHWC pixel's cache lines once per input: 1923 -> 1360 us
+      // for the [1, 96, 256, 256] f32 concat above)
+      parallel_range(outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(channels * inner, 1)),
+                     [&](int64_t b, int64_t e) {
+        for (int64_t o = b; o < e; ++o) {
+          uint8_t* dst = y + static_cast<size_t>(o * channels * inner) * es;
+          for (const Part& p : parts) {
+            const uint8_t* src = p.src + static_cast<size_t>(o * p.run) * es;
+            if (!p.requant) {
+              copy_run(dst, src, static_cast<size_t>(p.run) * es, stream);
+            } else {
+              affine_u8(src, 1, 1, p.run, &p.m, nullptr, p.zi, zy, dst);
+            }
+            dst += static_cast<size_t>(p.run) * es;
+          }
+        }
+#ifdef __SSE2__
+        if (stream) _mm_sfence();
+#endif
+      });
       return;
     }
     case QPACK_NODE_RESIZE_NEAREST:

@@ -833,6 +833,31 @@ def test_a_layer_called_twice_is_one_int8_layer_over_both_ranges(backend):
             assert rel_err(g, r) < 0.05, rel_err(g, r)
 
 
+class BigConcat(nn.Module):
+    """A concat whose output passes 8 MB (written with streaming stores), of runs of
+    64 and 31 floats a pixel (aligned to 16 bytes and not), and a small one."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Conv2d(3, 64, 1), nn.Conv2d(3, 31, 1), nn.Conv2d(3, 5, 1)
+
+    def forward(self, x):
+        a, b = F.relu(self.a(x)), self.b(x)
+        return torch.cat([a, b, x], 1), torch.cat([self.c(x), x], 1)
+
+
+def test_large_concats_match_eager():
+    torch.manual_seed(9)
+    model = BigConcat().eval()
+    x = torch.randn(1, 3, 200, 180)
+    f = qpack.freeze(model, progress=False)
+    assert G.runner_of(f).num_segments == 1
+    with torch.no_grad():
+        for g, r in zip(f(x), model(x)):
+            assert rel_err(g, r) < 1e-6
+            assert torch.equal(g[:, -3:], x)  # the input's channels copied exactly
+
+
 def test_negative_mean_dims_stay_in_pytorch():
     # (-2, -1) of a rank-3 value are dims (1, 2): not the graph's spatial mean
     class M(nn.Module):
