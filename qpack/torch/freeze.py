@@ -857,7 +857,8 @@ def _freeze_int8_parts(fp32, backend, retain, batches, show_progress, bits):
             segs = _g.segments(gm)
         except (_g.Unsupported, Exception):  # noqa: BLE001 - traced once already; skip it if not again
             continue
-        if len(segs) == 1 and not any(layer.mode != "f32" for layer in segs[0].layers):
+        # (one graph, or segments with PyTorch between: a transformer block around its attention)
+        if segs and not any(layer.mode != "f32" for seg in segs for layer in seg.layers):
             lowered[name] = (part, gm, segs)
     if not lowered:
         return None

@@ -368,6 +368,23 @@ def test_an_untraceable_models_attention_block_runs_as_segments_around_the_cores
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_an_untraceable_models_attention_block_gets_int8_segments(backend):
+    """In int8 too: the block's segments around the core's attention are u8 graphs,
+    calibrated per edge (they had stayed layer-by-layer: dynamic int8 linears)."""
+    torch.manual_seed(0)
+    model = UntraceableWithAttention().eval()
+    x = torch.randn(2, 3, 8, 7)
+    calib = [torch.randn(2, 3, 8, 7) for _ in range(3)] + [x]
+    with pytest.warns(qpack.torch.freeze.FreezeWarning, match="could not trace"):
+        f = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False)
+    assert "block" in G.graph_parts(f)
+    assert f.block.qkv.mode == "int8_static" and f.block.proj.mode == "int8_static"
+    assert G.runner_of(f.block).num_segments == 2
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 0.1, rel_err(f(x), model(x))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_untraceable_models_get_int8_graphs_for_their_parts(backend):
     torch.manual_seed(0)
     model = randomize_bn(Untraceable()).eval()
