@@ -216,5 +216,15 @@ cdef class GraphHandle:
             out.append(buf.decode("ascii"))
         return out
 
+    def value_layouts(self):
+        """How each value is held in the plans built so far (qpack_graph_value_layout):
+        "NHWC", "NCHW", "NLC", "row-major", several "/"-separated, or "unplanned"."""
+        cdef char buf[32]
+        out = []
+        for i in range(self.info()["num_values"]):
+            check_status(qpack_graph_value_layout(self._h, i, buf, sizeof(buf)))
+            out.append(buf.decode("ascii"))
+        return out
+
     def close(self):
         check_status(qpack_graph_close(self._h))

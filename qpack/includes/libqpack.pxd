@@ -301,6 +301,7 @@ cdef extern from "qpack/qpack.h" nogil:
                                  qpack_tensor* outputs)
     qpack_status qpack_graph_get_info(const qpack_graph* graph, qpack_graph_info* info_out)
     qpack_status qpack_graph_node_backend(const qpack_graph* graph, int32_t index, char* buf, size_t size)
+    qpack_status qpack_graph_value_layout(const qpack_graph* graph, int32_t index, char* buf, size_t size)
 
     # ---- packed model files ----
     ctypedef struct qpack_model:

@@ -2453,6 +2453,8 @@ class GraphRunner:
                     lines.append(f"  (a call ran its ops in PyTorch instead: {seg.fallback})")
             values = seg.spec["values"]
             runs_on = seg.graph().node_backends()
+            # how the plans so far hold each value; before any plan, the rule (rank 4 NHWC, the rest NC)
+            held = [layout if layout != "unplanned" else "NHWC/NC" for layout in seg.graph().value_layouts()]
             # the core names a fused add's convolution by node index: here by the value it makes
             sums = {}
             for ni, where in enumerate(runs_on):
@@ -2484,7 +2486,7 @@ class GraphRunner:
                 if "layer_index" not in n:  # a backend's own operator, or qpack's C++ code
                     extra += f" backend={runs_on[ni]}"
                 ins = ",".join(str(i) for i in n["inputs"])
-                lines.append(f"{n['kind']:<15} ({ins}) -> {n['output']} {dt}{q} NHWC/NC{extra}")
+                lines.append(f"{n['kind']:<15} ({ins}) -> {n['output']} {dt}{q} {held[n['output']]}{extra}")
         info = self.info()
         lines.append(f"{info['num_nodes']} nodes in {info['segments']} graph(s); packed {info['nbytes_packed']} B, "
                      f"workspace {info['nbytes_workspace']} B (largest plan so far)")

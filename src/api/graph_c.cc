@@ -63,6 +63,22 @@ std::vector<int> indices(const int32_t* v, int32_t n, const char* what) {
 }
 }  // namespace
 
+namespace {
+
+// What `name` says of node or value `index`, copied into buf (truncated to size - 1).
+qpack_status name_of(const qpack_graph* graph, int32_t index, const char* what, char* buf, size_t size,
+                     std::string (qpack::Graph::*name)(size_t) const) {
+  return api::guarded([&] {
+    qpack::check(buf != nullptr && size > 0, QPACK_STATUS_INVALID_ARGUMENT, "buffer is NULL");
+    qpack::check(index >= 0, QPACK_STATUS_INVALID_ARGUMENT, what, " index ", index, " is negative");
+    const std::string text = ((*api::live(graph, kWhat)).*name)(static_cast<size_t>(index));
+    std::strncpy(buf, text.c_str(), size - 1);
+    buf[size - 1] = '\0';
+  });
+}
+
+}  // namespace
+
 extern "C" {
 
 qpack_status qpack_graph_create(const qpack_graph_params* params, qpack_graph** graph_out) {
@@ -131,13 +147,11 @@ qpack_status qpack_graph_get_info(const qpack_graph* graph, qpack_graph_info* in
 
 qpack_status qpack_graph_node_backend(const qpack_graph* graph, int32_t index, char* buf,
                                       size_t size) {
-  return api::guarded([&] {
-    qpack::check(buf != nullptr && size > 0, QPACK_STATUS_INVALID_ARGUMENT, "buffer is NULL");
-    qpack::check(index >= 0, QPACK_STATUS_INVALID_ARGUMENT, "node index ", index, " is negative");
-    const std::string name = api::live(graph, kWhat)->node_backend(static_cast<size_t>(index));
-    std::strncpy(buf, name.c_str(), size - 1);
-    buf[size - 1] = '\0';
-  });
+  return name_of(graph, index, "node", buf, size, &qpack::Graph::node_backend);
+}
+
+qpack_status qpack_graph_value_layout(const qpack_graph* graph, int32_t index, char* buf, size_t size) {
+  return name_of(graph, index, "value", buf, size, &qpack::Graph::value_layout);
 }
 
 }  // extern "C"

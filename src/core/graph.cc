@@ -994,6 +994,20 @@ std::string Graph::node_backend(size_t i) const {
   return fallback ? name + ", qpack for some shapes" : name;
 }
 
+std::string Graph::value_layout(size_t v) const {
+  check(v < values_.size(), QPACK_STATUS_INVALID_ARGUMENT, "value ", v, " is outside [0, ", values_.size(), ")");
+  std::vector<std::string> seen;
+  for (const auto& p : plans_.entries()) {
+    const int rank = p->shapes[v].rank;
+    const char* name = rank == 4 ? (p->nchw[v] ? "NCHW" : "NHWC") : p->nlc[v] ? "NLC" : "row-major";
+    if (std::find(seen.begin(), seen.end(), name) == seen.end()) seen.push_back(name);
+  }
+  if (seen.empty()) return "unplanned";
+  std::string out = seen[0];
+  for (size_t k = 1; k < seen.size(); ++k) out += "/" + seen[k];
+  return out;
+}
+
 size_t Graph::nbytes_packed() const {
   std::vector<const void*> seen;
   size_t total = 0;

@@ -98,6 +98,7 @@ class Graph {
   // op's kernels or the backend's own operator) or "qpack" (the core's C++
   // code); "qnnpack, qpack for some shapes" when plans made so far differ.
   std::string node_backend(size_t i) const;
+  std::string value_layout(size_t v) const;  // qpack_graph_value_layout
 
  private:
   // The plan for these inputs, once the output count was checked.

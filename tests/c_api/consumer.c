@@ -357,9 +357,19 @@ static void test_graph_fused_add(void) {
   qpack_graph_params gp = {6, values, 5, nodes, 1, &in_v, 1, &out_v};
   qpack_graph* g = NULL;
   EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_SUCCESS && g != NULL, "fused add: create");
+  char held[32];
+  EXPECT(qpack_graph_value_layout(g, 3, held, sizeof(held)) == QPACK_STATUS_SUCCESS &&
+             strcmp(held, "unplanned") == 0,
+         "value layout before a plan (%s)", held);
   qpack_tensor ti = {QPACK_DTYPE_F32, 4, {1, C, H, W}, QPACK_LAYOUT_NCHW, x};
   qpack_tensor to = {QPACK_DTYPE_F32, 4, {1, C, H, W}, QPACK_LAYOUT_NCHW, out};
   EXPECT(qpack_graph_run(g, 1, &ti, 1, &to) == QPACK_STATUS_SUCCESS, "fused add: run");
+  EXPECT(qpack_graph_value_layout(g, 3, held, sizeof(held)) == QPACK_STATUS_SUCCESS && strcmp(held, "NHWC") == 0,
+         "the convolution's output is held NHWC (%s)", held);
+  EXPECT(qpack_graph_value_layout(g, 6, held, sizeof(held)) == QPACK_STATUS_INVALID_ARGUMENT &&
+             qpack_graph_value_layout(g, -1, held, sizeof(held)) == QPACK_STATUS_INVALID_ARGUMENT &&
+             qpack_graph_value_layout(g, 0, NULL, 8) == QPACK_STATUS_INVALID_ARGUMENT,
+         "value layout: bad index or buffer");
   char where[128];
   EXPECT(qpack_graph_node_backend(g, 3, where, sizeof(where)) == QPACK_STATUS_SUCCESS &&
              strcmp(where, "onednn (sum post-op of node 2)") == 0,

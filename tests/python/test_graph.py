@@ -756,6 +756,14 @@ def test_conv1d_chains_match_eager_and_the_per_edge_reference(dtype, backend):
     torch.manual_seed(6)
     model = ConvChain1d().eval()
     f = one_graph_matches(model, torch.randn(2, 12, 37), dtype, backend)
+    # the plan holds values between convolutions channels-last, and the report says so;
+    # y (which the mean also reads) stays row-major, and with it what the add ties to it
+    # (pw's output); the depthwise's output and c2's (a graph output) are NLC
+    report = qpack.graph_report(f)
+    assert " NLC " in report and " row-major " in report, report
+    layouts = G.runner_of(f)._graph().value_layouts()
+    conv_outs = [n["output"] for n in G.runner_of(f)._spec["nodes"] if n["kind"] == "conv2d"]
+    assert [layouts[v] for v in conv_outs] == ["row-major", "NLC", "row-major", "NLC"], layouts
     with torch.no_grad():
         x2 = torch.randn(1, 12, 64)  # another length: planned again
         for g, r in zip(f(x2), model(x2)):

@@ -593,6 +593,15 @@ QPACK_API qpack_status qpack_graph_get_info(const qpack_graph* graph, qpack_grap
 QPACK_API qpack_status qpack_graph_node_backend(const qpack_graph* graph, int32_t index, char* buf,
                                                 size_t size);
 
+/* How value `index` is held in the plans built so far (one per input shape
+ * run or planned): "NHWC" or "NCHW" for rank 4 (NCHW: an input read where
+ * it is, a planar convolution's output), "NLC" for a rank-3 [N, C, L] held
+ * channels-last between 1-D convolutions, "row-major" for the rest; plans
+ * that differ give both, "/"-separated in the order met; "unplanned" before
+ * any plan. 32 bytes hold every answer. */
+QPACK_API qpack_status qpack_graph_value_layout(const qpack_graph* graph, int32_t index, char* buf,
+                                                size_t size);
+
 /* ---- packed model files (.qpk) -------------------------------------- */
 /*
  * A file of packed ops (qpack_linear, qpack_conv2d), frozen graphs over them
