@@ -6,7 +6,7 @@
 
 Models (batch 1, float NCHW tensor in and out for every configuration):
 MobileNetV2 and ResNet-18 at 224x224 (`--models all` adds the speech MLP, a
-U-Net-like model, a Conv1d audio model, a 4-layer nn.TransformerEncoder and MiniLM). Configurations: torch eager fp32, torch.jit.optimize_for_inference,
+U-Net-like model and one upsampling by ConvTranspose2d, a Conv1d audio model, a 4-layer nn.TransformerEncoder and MiniLM). Configurations: torch eager fp32, torch.jit.optimize_for_inference,
 ONNX Runtime fp32, ONNX Runtime static int8 (QDQ, per-channel s8 weights, u8
 activations), PyTorch FX post-training quantization (x86 and qnnpack engines),
 qpack fp32 = qpack.freeze(model), qpack int8 (onednn / qnnpack) =
@@ -388,6 +388,12 @@ def build_models(args):
         calib = [torch.randn(1, 3, 256, 256, generator=gen) for _ in range(4)]
         out.append(("U-Net-like 1x3x256x256", models.trained_like(models.UNetLike(), (2, 3, 256, 256)), x, calib,
                     [x]))
+    if everything or "unet-ct" in wanted:
+        torch.manual_seed(0)
+        x = torch.randn(1, 3, 128, 128, generator=gen)
+        calib = [torch.randn(1, 3, 128, 128, generator=gen) for _ in range(4)]
+        out.append(("U-Net ConvTranspose2d 1x3x128x128", models.trained_like(models.UNetTranspose(), (2, 3, 128, 128)),
+                    x, calib, [x]))
     if everything or "conv1d" in wanted:
         torch.manual_seed(0)
         m = models.trained_like(models.Conv1dAudio(), (8, 80, 400))
@@ -563,7 +569,7 @@ def main():
     p.add_argument("--runs", type=int, default=None, help="minimum timed runs per row")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--models", default="mobilenetv2,resnet18",
-                   help="comma list of mobilenetv2, resnet18, speech, unet, conv1d, encoder, minilm, or all")
+                   help="comma list of mobilenetv2, resnet18, speech, unet, unet-ct, conv1d, encoder, minilm, or all")
     p.add_argument("--layers", action="store_true", help="add the single-layer table")
     p.add_argument("--layers-only", action="store_true", help="only the single-layer table")
     p.add_argument("--build-once", action="store_true",

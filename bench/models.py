@@ -109,6 +109,28 @@ class UNetLike(nn.Module):
         return self.out(u)
 
 
+class UNetTranspose(nn.Module):
+    """UNetLike with ConvTranspose2d 2x2 / 2 upsampling (a U-Net's usual), at 128² in."""
+
+    def __init__(self):
+        super().__init__()
+        self.d1, self.d2 = nn.Conv2d(3, 32, 3, 1, 1), nn.Conv2d(32, 64, 3, 2, 1)
+        self.d3 = nn.Conv2d(64, 128, 3, 2, 1)
+        self.t2, self.u2 = nn.ConvTranspose2d(128, 64, 2, 2), nn.Conv2d(128, 64, 3, 1, 1)
+        self.t1, self.u1 = nn.ConvTranspose2d(64, 32, 2, 2), nn.Conv2d(64, 32, 3, 1, 1)
+        self.out = nn.Conv2d(32, 2, 1)
+
+    def forward(self, x):
+        import torch
+        import torch.nn.functional as F
+        a = F.relu(self.d1(x))
+        b = F.relu(self.d2(a))
+        c = F.relu(self.d3(b))
+        u = F.relu(self.u2(torch.cat([self.t2(c), b], 1)))
+        u = F.relu(self.u1(torch.cat([self.t1(u), a], 1)))
+        return self.out(u)
+
+
 class Conv1dAudio(nn.Module):
     """A 1-D convolutional acoustic model: [N, 80 features, frames] -> a 5-tap
     Conv1d to 256 channels, a 5-tap depthwise Conv1d with BatchNorm, a pointwise

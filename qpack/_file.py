@@ -39,7 +39,7 @@ NODE_KINDS = {                                      # qpack_node_kind (src/inclu
     13: "channels",
     14: "adaptive_avgpool2d",
     15: "prelu", 16: "resize_nearest", 17: "resize_bilinear",
-    18: "channel_range", 19: "layer_norm", 20: "transpose",
+    18: "channel_range", 19: "layer_norm", 20: "transpose", 21: "depth_to_space",
 }
 ACTIVATIONS = {                                     # qpack_activation
     0: "none", 1: "relu", 2: "clamp", 3: "hardswish", 4: "sigmoid", 5: "gelu", 6: "silu",

@@ -11,7 +11,8 @@ NODE_KINDS = {"conv2d": QPACK_NODE_CONV2D, "linear": QPACK_NODE_LINEAR, "add": Q
               "channels": QPACK_NODE_CHANNELS, "adaptive_avgpool2d": QPACK_NODE_ADAPTIVE_AVGPOOL2D,
               "prelu": QPACK_NODE_PRELU, "resize_nearest": QPACK_NODE_RESIZE_NEAREST,
               "resize_bilinear": QPACK_NODE_RESIZE_BILINEAR, "channel_range": QPACK_NODE_CHANNEL_RANGE,
-              "layer_norm": QPACK_NODE_LAYER_NORM, "transpose": QPACK_NODE_TRANSPOSE}
+              "layer_norm": QPACK_NODE_LAYER_NORM, "transpose": QPACK_NODE_TRANSPOSE,
+              "depth_to_space": QPACK_NODE_DEPTH_TO_SPACE}
 ACTIVATIONS = {None: QPACK_ACT_NONE, "relu": QPACK_ACT_RELU, "clamp": QPACK_ACT_CLAMP,
                "hardswish": QPACK_ACT_HARDSWISH, "sigmoid": QPACK_ACT_SIGMOID,
                "gelu": QPACK_ACT_GELU, "silu": QPACK_ACT_SILU, "hardsigmoid": QPACK_ACT_HARDSIGMOID,

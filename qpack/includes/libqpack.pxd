@@ -230,6 +230,7 @@ cdef extern from "qpack/qpack.h" nogil:
         QPACK_NODE_CHANNEL_RANGE
         QPACK_NODE_LAYER_NORM
         QPACK_NODE_TRANSPOSE
+        QPACK_NODE_DEPTH_TO_SPACE
 
     ctypedef enum qpack_activation:
         QPACK_ACT_NONE

@@ -8,10 +8,11 @@ the memory report.
 """
 from qpack.torch import freeze, quantize, report  # noqa: F401  (submodules, by name)
 from qpack.torch.freeze import MAPPING, FreezeContext, FreezeWarning, Rule, fold_bn, register
-from qpack.torch.modules import (FrozenConv1d, FrozenConv2d, FrozenLinear, FrozenMultiheadAttention,
+from qpack.torch.modules import (FrozenConv1d, FrozenConv2d, FrozenConvTranspose2d, FrozenLinear, FrozenMultiheadAttention,
                                  FrozenTransformerEncoder, FrozenTransformerEncoderLayer)
 from qpack.torch.report import MemoryReport
 
-__all__ = ["MAPPING", "FreezeContext", "FreezeWarning", "FrozenConv1d", "FrozenConv2d", "FrozenLinear",
+__all__ = ["MAPPING", "FreezeContext", "FreezeWarning", "FrozenConv1d", "FrozenConv2d", "FrozenConvTranspose2d",
+           "FrozenLinear",
            "FrozenMultiheadAttention", "FrozenTransformerEncoder", "FrozenTransformerEncoderLayer", "MemoryReport",
            "Rule", "fold_bn", "register"]

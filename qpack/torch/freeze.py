@@ -24,8 +24,8 @@ from qpack._core import Error as qpack_error
 from qpack._core import InvalidArgumentError, InvalidTypeError
 from qpack._policy import backends as _backends
 from qpack.torch import quantize as _q
-from qpack.torch.modules import (FROZEN_TYPES, FrozenConv1d, FrozenConv2d, FrozenLinear, FrozenMultiheadAttention,
-                                 FrozenTransformerEncoder, FrozenTransformerEncoderLayer)
+from qpack.torch.modules import (FROZEN_TYPES, FrozenConv1d, FrozenConv2d, FrozenConvTranspose2d, FrozenLinear,
+                                 FrozenMultiheadAttention, FrozenTransformerEncoder, FrozenTransformerEncoderLayer)
 
 
 class FreezeWarning(UserWarning):
@@ -190,6 +190,31 @@ def _written_out_as(m):
     return None
 
 
+def convert_conv_transpose2d(mod, ctx, bn=None, activation=None):
+    """nn.ConvTranspose2d whose stride is its kernel (no padding, output padding, groups
+    or dilation; zeros padding mode): a 1x1 convolution to kh kw Cout channels frozen as
+    convert_conv freezes one (FrozenConvTranspose2d), fp32; int8 graphs make that
+    convolution u8 with the rest. Others stay PyTorch's."""
+    kh, kw = mod.kernel_size
+    if (tuple(mod.stride) != (kh, kw) or any(mod.padding) or any(mod.output_padding) or mod.groups != 1
+            or any(d != 1 for d in mod.dilation) or mod.padding_mode != "zeros" or ctx.dtype == "int8"):
+        return None
+    params = _float_params(mod)
+    if params is None:
+        return None
+    w, b = params  # [Cin, Cout, kh, kw]
+    cin, cout = w.shape[0], w.shape[1]
+    one = nn.Conv2d(cin, kh * kw * cout, 1, bias=b is not None)
+    with torch.no_grad():
+        one.weight.copy_(w.permute(2, 3, 1, 0).reshape(kh * kw * cout, cin, 1, 1))
+        if b is not None:
+            one.bias.copy_(b.repeat(kh * kw))
+    conv = _make_conv_converter(FrozenConv2d)(one, ctx)
+    if conv is None:
+        return None
+    return FrozenConvTranspose2d(conv, cout, (kh, kw))
+
+
 def convert_transformer_encoder_layer(mod, ctx, bn=None, activation=None):
     """nn.TransformerEncoderLayer: its attention and feed-forward Linears frozen as
     convert_multihead_attention / convert_linear freeze them, the layer's forward
@@ -313,6 +338,7 @@ def _default_mapping():
         nn.Conv1d: Rule(_make_conv_converter(FrozenConv1d), fold_bn=(nn.BatchNorm1d,), fuse_activation=True),
         nn.Conv2d: Rule(_make_conv_converter(FrozenConv2d), fold_bn=(nn.BatchNorm2d,), fuse_activation=True),
         nn.MultiheadAttention: Rule(convert_multihead_attention),
+        nn.ConvTranspose2d: Rule(convert_conv_transpose2d),
         nn.TransformerEncoderLayer: Rule(convert_transformer_encoder_layer),
         nn.TransformerEncoder: Rule(convert_transformer_encoder),
     }
@@ -1179,7 +1205,7 @@ def _tied(model, layers):
 _WRITTEN_OUT = (nn.TransformerEncoderLayer, nn.TransformerEncoder)
 # frozen modules that unfreeze turns back whole (to_torch)
 _UNFROZEN_WHOLE = FROZEN_TYPES + (FrozenMultiheadAttention, FrozenTransformerEncoderLayer,
-                                  FrozenTransformerEncoder)
+                                  FrozenTransformerEncoder, FrozenConvTranspose2d)
 
 
 def unfreeze(frozen, *, inplace=False):

@@ -25,7 +25,7 @@ from torch import nn
 from qpack import _core
 from qpack.torch import quantize as _q
 from qpack.torch import attention as _attention
-from qpack.torch.modules import FrozenConv1d, FrozenConv2d, FrozenLinear, FrozenMultiheadAttention
+from qpack.torch.modules import FrozenConv1d, FrozenConv2d, FrozenLinear, FrozenMultiheadAttention, blocks_to_space
 
 
 class Unsupported(Exception):
@@ -445,6 +445,10 @@ class _Lowering:
         if _swaps_last_two_of_rank3(node):
             self.emit_checked(node, "transpose", [node.args[0]])
             return
+        if node.op == "call_function" and node.target is blocks_to_space:
+            x, kh, kw = node.args
+            self.emit_checked(node, "depth_to_space", [x], kernel=(kh, kw))
+            return
         if node.op == "call_function" and node.target is channel_part:
             x, parts, index, groups = node.args
             self.emit_checked(node, "channels", [x], kernel=(parts, index), stride=(groups, 1))
@@ -540,7 +544,7 @@ class _Lowering:
 
     # ops that keep their input's torch.ao qparams (what PyTorch's quantized kernels do)
     _KEEPS_QPARAMS = ("activation", "maxpool2d", "avgpool2d", "global_avgpool", "flatten", "channels", "channel_range",
-                      "adaptive_avgpool2d", "resize_nearest", "resize_bilinear", "transpose")
+                      "adaptive_avgpool2d", "resize_nearest", "resize_bilinear", "transpose", "depth_to_space")
 
     def constant(self, a):
         """A number, or the one-element tensor a get_attr node names (convert_fx keeps
@@ -1968,7 +1972,7 @@ def narrow_bounds(scale, zero_point, qmax):
     return -zero_point * scale, (qmax - zero_point) * scale
 
 
-_RANGE_KEEPING = ("maxpool2d", "flatten", "channels", "channel_range", "resize_nearest", "transpose")
+_RANGE_KEEPING = ("maxpool2d", "flatten", "channels", "channel_range", "resize_nearest", "transpose", "depth_to_space")
 
 
 def _narrow_values(nodes, values, outputs, qmax):

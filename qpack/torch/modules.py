@@ -684,6 +684,54 @@ class FrozenMultiheadAttention(nn.Module):
         return mha.train(False)
 
 
+def blocks_to_space(x, kh, kw):
+    """[N, kh kw C, H, W] -> [N, C, H kh, W kw]: y[:, c, i kh + a, j kw + b] = x[:, (a kw + b) C + c, i, j]
+    (the channels in blocks by position, not pixel_shuffle's order); the core runs it as one
+    ``depth_to_space`` node."""
+    n, c, h, w = x.shape
+    c //= kh * kw
+    return x.reshape(n, kh, kw, c, h, w).permute(0, 3, 4, 1, 5, 2).reshape(n, c, h * kh, w * kw)
+
+
+torch.fx.wrap("blocks_to_space")  # one call in a trace (FrozenConvTranspose2d.forward), not its reshapes
+
+
+class FrozenConvTranspose2d(nn.Module):
+    """nn.ConvTranspose2d whose stride equals its kernel (no padding, groups or dilation:
+    U-Net's 2x2 / 2 upsampling) as what it computes: a 1x1 FrozenConv2d to kh kw Cout
+    channels (``conv``; weight [(a, b, o), c] = the transposed convolution's [c, o, a, b],
+    the bias once per position) and blocks_to_space, which puts each position's block of
+    Cout channels at its place. Both run in core graphs (a 1x1 convolution and a
+    ``depth_to_space`` node); ``unfreeze`` gives back an nn.ConvTranspose2d."""
+
+    def __init__(self, conv, out_channels, kernel_size):
+        super().__init__()
+        self.conv = conv
+        self.out_channels = int(out_channels)
+        self.kernel_size = tuple(int(k) for k in kernel_size)
+        self.stride = self.kernel_size
+        self.in_channels = conv.in_channels
+
+    def extra_repr(self):
+        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+
+    def forward(self, x):
+        return blocks_to_space(self.conv(x), *self.kernel_size)
+
+    def to_torch(self):
+        """An nn.ConvTranspose2d of the unpacked (int8: dequantized) weights."""
+        conv = self.conv.to_torch()
+        kh, kw = self.kernel_size
+        w = conv.weight.detach().reshape(kh, kw, self.out_channels, self.in_channels).permute(3, 2, 0, 1)
+        t = nn.ConvTranspose2d(self.in_channels, self.out_channels, self.kernel_size, self.kernel_size,
+                               bias=conv.bias is not None)
+        with torch.no_grad():
+            t.weight.copy_(w)
+            if conv.bias is not None:
+                t.bias.copy_(conv.bias.detach()[:self.out_channels])
+        return t.train(False)
+
+
 class FrozenTransformerEncoderLayer(nn.Module):
     """nn.TransformerEncoderLayer (eval) as the ops it computes, written out:
     ``self_attn`` a FrozenMultiheadAttention, ``linear1`` / ``linear2`` frozen
@@ -792,5 +840,6 @@ class FrozenTransformerEncoder(nn.Module):
         return enc.train(False)
 
 
-__all__ = ["FrozenConv1d", "FrozenConv2d", "FrozenLinear", "FrozenMultiheadAttention", "FrozenTransformerEncoder",
+__all__ = ["FrozenConv1d", "FrozenConv2d", "FrozenConvTranspose2d", "FrozenLinear", "FrozenMultiheadAttention",
+           "FrozenTransformerEncoder",
            "FrozenTransformerEncoderLayer", "PackedWeight", "FROZEN_TYPES"]

@@ -62,6 +62,7 @@ const char* kind_name(qpack_node_kind k) {
     case QPACK_NODE_CHANNEL_RANGE: return "channel_range";
     case QPACK_NODE_LAYER_NORM: return "layer_norm";
     case QPACK_NODE_TRANSPOSE: return "transpose";
+    case QPACK_NODE_DEPTH_TO_SPACE: return "depth_to_space";
   }
   return "unknown";
 }
@@ -817,6 +818,7 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
       case QPACK_NODE_CHANNEL_RANGE:
       case QPACK_NODE_RESIZE_NEAREST:
       case QPACK_NODE_TRANSPOSE:
+      case QPACK_NODE_DEPTH_TO_SPACE:
         expect_dtypes(x.dtype, x.dtype);
         check(same_qparams(x, y), QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind,
               ") keeps its input's u8 parameters; give value ", n.out, " those of value ", n.in[0]);
@@ -843,6 +845,10 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
                 n.kernel[1] < n.kernel[0] && n.stride[0] >= 1 && n.stride[0] <= (int64_t(1) << 24),
             QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
             " (channels) needs parts in [1, 2^24], a part index in [0, parts) and groups in [1, 2^24]");
+    }
+    if (n.kind == QPACK_NODE_DEPTH_TO_SPACE) {
+      check(n.kernel[0] >= 1 && n.kernel[0] <= 64 && n.kernel[1] >= 1 && n.kernel[1] <= 64,
+            QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (depth_to_space) needs block sizes in [1, 64]");
     }
     if (n.kind == QPACK_NODE_CHANNEL_RANGE) {
       check(n.kernel[0] >= 0 && n.kernel[0] < (int64_t(1) << 24) && n.kernel[1] >= 1 &&
@@ -1175,6 +1181,13 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
       need_rank(x.rank >= 2 && x.d[1] % n.kernel[0] == 0 && (x.d[1] / n.kernel[0]) % n.stride[0] == 0,
                 "an input whose dim 1 divides into the parts, and each part into the groups");
       y.d[1] = x.d[1] / n.kernel[0];
+      return y;
+    case QPACK_NODE_DEPTH_TO_SPACE:
+      need_rank(x.rank == 4 && x.d[1] % (n.kernel[0] * n.kernel[1]) == 0,
+                "a rank-4 input whose channels divide into kernel_h x kernel_w blocks");
+      y.d[1] = x.d[1] / (n.kernel[0] * n.kernel[1]);
+      y.d[2] = x.d[2] * n.kernel[0];
+      y.d[3] = x.d[3] * n.kernel[1];
       return y;
     case QPACK_NODE_TRANSPOSE:
       need_rank(x.rank == 3, "a rank-3 input");
@@ -1939,6 +1952,26 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
             } else {
               yf[img * C + c] = acc[c] * inv;
             }
+          }
+        }
+      });
+      return;
+    }
+    case QPACK_NODE_DEPTH_TO_SPACE: {
+      // y[:, c, i kh + a, j kw + b] = x[:, (a kw + b) C + c, i, j] on NHWC values (the plan holds a
+      // depth_to_space's input and output so: neither is an input read in place nor a planar
+      // convolution's output): each output pixel's C values are one run of the input pixel's
+      const size_t es = elem_size(xv.dtype);
+      const int64_t H = xs.d[2], W = xs.d[3], CI = xs.d[1], kh = n.kernel[0], kw = n.kernel[1];
+      const int64_t C = ys.d[1], OH = ys.d[2], OW = ys.d[3];
+      parallel_range(ys.d[0] * OH, std::max<int64_t>(1, kGrain / std::max<int64_t>(OW * C, 1)),
+                     [&](int64_t b0, int64_t e0) {
+        for (int64_t r = b0; r < e0; ++r) {
+          const int64_t img = r / OH, oy = r % OH, i = oy / kh, a = oy % kh;
+          for (int64_t ox = 0; ox < OW; ++ox) {
+            const int64_t src = ((img * H + i) * W + ox / kw) * CI + (a * kw + ox % kw) * C;
+            std::memcpy(y + static_cast<size_t>(((img * OH + oy) * OW + ox) * C) * es,
+                        x + static_cast<size_t>(src) * es, static_cast<size_t>(C) * es);
           }
         }
       });

@@ -275,6 +275,8 @@ def per_edge_reference(f, x):
             r = torch.flatten(a, 1)
         elif k == "transpose":
             r = a.transpose(1, 2)
+        elif k == "depth_to_space":
+            r = qpack.torch.modules.blocks_to_space(a, *n["kernel"])
         elif k == "channels":
             r = G.channel_part(a, n["kernel"][0], n["kernel"][1], n["stride"][0])
         elif k == "channel_range":
@@ -864,6 +866,70 @@ def test_large_concats_match_eager():
         for g, r in zip(f(x), model(x)):
             assert rel_err(g, r) < 1e-6
             assert torch.equal(g[:, -3:], x)  # the input's channels copied exactly
+
+
+class UpNet(nn.Module):
+    """A U-Net's decoder: ConvTranspose2d upsampling whose stride is its kernel (2x2 / 2,
+    and a rectangular 2x3 / (2, 3) without bias), concatenated with the skip; and one
+    that overlaps (3x3 / 2, padding 1), which stays PyTorch's."""
+
+    def __init__(self):
+        super().__init__()
+        self.d = nn.Conv2d(4, 16, 3, 2, 1)
+        self.up = nn.ConvTranspose2d(16, 8, 2, 2)
+        self.fuse = nn.Conv2d(12, 6, 3, padding=1)
+        self.wide = nn.ConvTranspose2d(6, 5, (2, 3), (2, 3), bias=False)
+        self.overlap = nn.ConvTranspose2d(6, 3, 3, 2, 1)
+
+    def forward(self, x):
+        y = F.relu(self.fuse(torch.cat([self.up(F.relu(self.d(x))), x], 1)))
+        return self.wide(y), self.overlap(y)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_conv_transpose_with_stride_equal_to_kernel_is_a_conv_and_depth_to_space(dtype, backend, tmp_path):
+    torch.manual_seed(10)
+    model = UpNet().eval()
+    x = torch.randn(2, 4, 10, 12)
+    kw = dict(freeze_args(dtype, x.shape), backend=backend) if dtype else {}
+    if dtype is None and backend != BACKENDS[0]:
+        pytest.skip("fp32 graphs run on oneDNN")
+    f = qpack.freeze(model, progress=False, **kw)
+    assert type(f.up) is qpack.torch.FrozenConvTranspose2d and type(f.wide) is qpack.torch.FrozenConvTranspose2d
+    assert type(f.overlap) is nn.ConvTranspose2d  # overlapping windows: PyTorch's
+    runner = G.runner_of(f)
+    kinds = [n["kind"] for seg in runner._segments for n in seg.spec["nodes"]]
+    assert kinds.count("depth_to_space") == 2, kinds
+    with torch.no_grad():
+        got, ref = f(x), model(x)
+        for g, r in zip(got, ref):
+            assert rel_err(g, r) < (0.08 if dtype else 1e-5), rel_err(g, r)
+        if dtype is None:
+            back = qpack.unfreeze(f)
+            assert type(back.up) is nn.ConvTranspose2d and torch.equal(back.up.weight, model.up.weight)
+            assert torch.equal(back.up.bias, model.up.bias) and back.wide.bias is None
+            for g, r in zip(back(x), ref):
+                assert rel_err(g, r) < 1e-6
+        path = tmp_path / "m.qpk"
+        qpack.save(f, str(path))
+        for g, r in zip(qpack.load(str(path))(x), got):
+            assert torch.equal(g, r)
+
+
+def test_depth_to_space_node_within_one_quantum_of_its_reference():
+    """The node alone on u8 (qparams kept: the same bytes moved) and f32 against blocks_to_space."""
+    x = torch.rand(2, 2 * 3 * 5, 4, 3)
+    g = _core.GraphHandle([("f32", 0.0, 0), ("f32", 0.0, 0)], [dict(kind="depth_to_space", inputs=[0], output=1,
+                                                                     kernel=(2, 3))], [0], [1])
+    y = torch.from_numpy(g.run([x.numpy()], ["nchw"], "nchw")[0])
+    assert torch.equal(y, qpack.torch.modules.blocks_to_space(x, 2, 3))
+    with pytest.raises(qpack.InvalidArgumentError, match="divide into kernel_h x kernel_w blocks"):
+        g.run([torch.rand(1, 7, 2, 2).numpy()], ["nchw"], "nchw")
+    with pytest.raises(qpack.InvalidArgumentError, match="block sizes"):
+        _core.GraphHandle([("f32", 0.0, 0), ("f32", 0.0, 0)], [dict(kind="depth_to_space", inputs=[0], output=1,
+                                                                     kernel=(0, 2))], [0], [1])
+    assert torch.equal(torch.from_numpy(g.run([x.numpy()], ["nchw"], "nchw")[0]), y)  # still usable
 
 
 def test_negative_mean_dims_stay_in_pytorch():
