@@ -449,6 +449,10 @@ class _Lowering:
             x, kh, kw = node.args
             self.emit_checked(node, "depth_to_space", [x], kernel=(kh, kw))
             return
+        r = _pixel_shuffle_factor(node, m)
+        if r is not None:
+            self.emit_checked(node, "depth_to_space", [node.args[0]], kernel=(r, r), ceil_mode=True)
+            return
         if node.op == "call_function" and node.target is channel_part:
             x, parts, index, groups = node.args
             self.emit_checked(node, "channels", [x], kernel=(parts, index), stride=(groups, 1))
@@ -963,6 +967,18 @@ _SAME_RANK_FUNCS = {F.relu, torch.relu, F.relu_, torch.relu_, F.relu6, F.hardtan
                     operator.sub, operator.isub, torch.sub, operator.truediv, operator.itruediv, torch.div, torch.cat}
 _SAME_RANK_METHODS = {"relu", "relu_", "sigmoid", "clamp", "clamp_", "contiguous", "add", "add_", "mul", "mul_",
                       "sub", "sub_", "div", "div_", "transpose", "float"}
+
+
+def _pixel_shuffle_factor(node, m):
+    """r when node is nn.PixelShuffle(r) / F.pixel_shuffle(x, r) / torch.pixel_shuffle of a
+    rank-4 value (sub-pixel upsampling: ESPCN, EDSR), else None."""
+    if isinstance(m, nn.PixelShuffle):
+        r = m.upscale_factor
+    elif node.op == "call_function" and node.target in (F.pixel_shuffle, torch.pixel_shuffle) and not node.kwargs:
+        r = node.args[1] if len(node.args) == 2 else None
+    else:
+        return None
+    return r if isinstance(r, int) and r >= 1 and rank_of(node.args[0]) in (4, None) else None
 
 
 def _swaps_last_two_of_rank3(node):

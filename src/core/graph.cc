@@ -1960,7 +1960,8 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
     case QPACK_NODE_DEPTH_TO_SPACE: {
       // y[:, c, i kh + a, j kw + b] = x[:, (a kw + b) C + c, i, j] on NHWC values (the plan holds a
       // depth_to_space's input and output so: neither is an input read in place nor a planar
-      // convolution's output): each output pixel's C values are one run of the input pixel's
+      // convolution's output): each output pixel's C values are one run of the input pixel's;
+      // in pixel_shuffle's order (ceil_mode) x[:, c kh kw + a kw + b, i, j], every kh kw-th value
       const size_t es = elem_size(xv.dtype);
       const int64_t H = xs.d[2], W = xs.d[3], CI = xs.d[1], kh = n.kernel[0], kw = n.kernel[1];
       const int64_t C = ys.d[1], OH = ys.d[2], OW = ys.d[3];
@@ -1969,9 +1970,18 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
         for (int64_t r = b0; r < e0; ++r) {
           const int64_t img = r / OH, oy = r % OH, i = oy / kh, a = oy % kh;
           for (int64_t ox = 0; ox < OW; ++ox) {
-            const int64_t src = ((img * H + i) * W + ox / kw) * CI + (a * kw + ox % kw) * C;
-            std::memcpy(y + static_cast<size_t>(((img * OH + oy) * OW + ox) * C) * es,
-                        x + static_cast<size_t>(src) * es, static_cast<size_t>(C) * es);
+            uint8_t* dst = y + static_cast<size_t>(((img * OH + oy) * OW + ox) * C) * es;
+            const uint8_t* pixel = x + static_cast<size_t>(((img * H + i) * W + ox / kw) * CI) * es;
+            if (!n.ceil_mode) {
+              std::memcpy(dst, pixel + static_cast<size_t>((a * kw + ox % kw) * C) * es, static_cast<size_t>(C) * es);
+            } else if (es == 4) {
+              const float* s = reinterpret_cast<const float*>(pixel) + a * kw + ox % kw;
+              float* d = reinterpret_cast<float*>(dst);
+              for (int64_t c = 0; c < C; ++c) d[c] = s[c * kh * kw];
+            } else {
+              const uint8_t* s = pixel + a * kw + ox % kw;
+              for (int64_t c = 0; c < C; ++c) dst[c] = s[c * kh * kw];
+            }
           }
         }
       });

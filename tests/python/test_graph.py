@@ -275,6 +275,8 @@ def per_edge_reference(f, x):
             r = torch.flatten(a, 1)
         elif k == "transpose":
             r = a.transpose(1, 2)
+        elif k == "depth_to_space" and n.get("ceil_mode"):
+            r = F.pixel_shuffle(a, n["kernel"][0])
         elif k == "depth_to_space":
             r = qpack.torch.modules.blocks_to_space(a, *n["kernel"])
         elif k == "channels":
@@ -917,6 +919,37 @@ def test_conv_transpose_with_stride_equal_to_kernel_is_a_conv_and_depth_to_space
             assert torch.equal(g, r)
 
 
+class SubPixel(nn.Module):
+    """ESPCN's sub-pixel upsampling: convolutions to 3 r^2 channels, nn.PixelShuffle(r) (and
+    F.pixel_shuffle), then a convolution on the upscaled image."""
+
+    def __init__(self, r=3):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 16, 5, padding=2), nn.Conv2d(16, 3 * r * r, 3, padding=1)
+        self.shuffle, self.c = nn.PixelShuffle(r), nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.b(F.relu(self.a(x)))
+        return self.c(self.shuffle(y)), F.pixel_shuffle(y, 3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_pixel_shuffle_is_a_depth_to_space_node(dtype, backend, tmp_path):
+    """PyTorch's channel order (c r r + a r + b): one graph, eager's values (int8: within a
+    quantum of the per-edge reference), saved and loaded."""
+    torch.manual_seed(11)
+    model = SubPixel().eval()
+    x = torch.randn(2, 3, 9, 7)
+    f = one_graph_matches(model, x, dtype, backend)
+    assert [n["kind"] for n in G.runner_of(f)._spec["nodes"]].count("depth_to_space") == 2
+    path = tmp_path / "m.qpk"
+    qpack.save(f, str(path))
+    with torch.no_grad():
+        for g, r in zip(qpack.load(str(path))(x), f(x)):
+            assert torch.equal(g, r)
+
+
 def test_depth_to_space_node_within_one_quantum_of_its_reference():
     """The node alone on u8 (qparams kept: the same bytes moved) and f32 against blocks_to_space."""
     x = torch.rand(2, 2 * 3 * 5, 4, 3)
@@ -930,6 +963,12 @@ def test_depth_to_space_node_within_one_quantum_of_its_reference():
         _core.GraphHandle([("f32", 0.0, 0), ("f32", 0.0, 0)], [dict(kind="depth_to_space", inputs=[0], output=1,
                                                                      kernel=(0, 2))], [0], [1])
     assert torch.equal(torch.from_numpy(g.run([x.numpy()], ["nchw"], "nchw")[0]), y)  # still usable
+    for dtype, t in (("f32", x), ("u8", (x * 255).to(torch.uint8))):  # pixel_shuffle's order (ceil_mode)
+        v = [(dtype, 0.02, 3), (dtype, 0.02, 3)]
+        ps = _core.GraphHandle(v, [dict(kind="depth_to_space", inputs=[0], output=1, kernel=(2, 2), ceil_mode=True)],
+                               [0], [1])
+        t4 = t[:, :12].contiguous()
+        assert torch.equal(torch.from_numpy(ps.run([t4.numpy()], ["nchw"], "nchw")[0]), F.pixel_shuffle(t4, 2))
 
 
 def test_negative_mean_dims_stay_in_pytorch():

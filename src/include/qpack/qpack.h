@@ -491,9 +491,11 @@ typedef enum qpack_node_kind {
                                     u8 qparams kept */
   QPACK_NODE_DEPTH_TO_SPACE = 21, /* [N, kh kw C, H, W] -> [N, C, H kh, W kw] (kernel_h = kh,
                                     kernel_w = kw >= 1): y[:, c, i kh + a, j kw + b] =
-                                    x[:, (a kw + b) C + c, i, j] (channel blocks by position:
-                                    not pixel_shuffle's order); a ConvTranspose2d whose stride is
-                                    its kernel is a 1x1 convolution and this; u8 qparams kept */
+                                    x[:, (a kw + b) C + c, i, j] (channel blocks by position; a
+                                    ConvTranspose2d whose stride is its kernel is a 1x1
+                                    convolution and this), or with ceil_mode = 1 PyTorch's
+                                    pixel_shuffle order x[:, c kh kw + a kw + b, i, j]; u8 qparams
+                                    kept */
 } qpack_node_kind;
 
 typedef enum qpack_activation {
