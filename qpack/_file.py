@@ -43,7 +43,7 @@ NODE_KINDS = {                                      # qpack_node_kind (src/inclu
 }
 ACTIVATIONS = {                                     # qpack_activation
     0: "none", 1: "relu", 2: "clamp", 3: "hardswish", 4: "sigmoid", 5: "gelu", 6: "silu",
-    7: "hardsigmoid", 8: "leaky_relu",
+    7: "hardsigmoid", 8: "leaky_relu", 9: "tanh",
 }
 MAX_NODE_INPUTS = 8                                 # qpack_graph_node.inputs[8]
 LINEAR_GEOMETRY = ("K", "N")

@@ -16,7 +16,7 @@ NODE_KINDS = {"conv2d": QPACK_NODE_CONV2D, "linear": QPACK_NODE_LINEAR, "add": Q
 ACTIVATIONS = {None: QPACK_ACT_NONE, "relu": QPACK_ACT_RELU, "clamp": QPACK_ACT_CLAMP,
                "hardswish": QPACK_ACT_HARDSWISH, "sigmoid": QPACK_ACT_SIGMOID,
                "gelu": QPACK_ACT_GELU, "silu": QPACK_ACT_SILU, "hardsigmoid": QPACK_ACT_HARDSIGMOID,
-               "leaky_relu": QPACK_ACT_LEAKY_RELU}
+               "leaky_relu": QPACK_ACT_LEAKY_RELU, "tanh": QPACK_ACT_TANH}
 DTYPES = {"f32": QPACK_DTYPE_F32, "u8": QPACK_DTYPE_U8}
 
 

@@ -242,6 +242,7 @@ cdef extern from "qpack/qpack.h" nogil:
         QPACK_ACT_SILU
         QPACK_ACT_HARDSIGMOID
         QPACK_ACT_LEAKY_RELU
+        QPACK_ACT_TANH
 
     ctypedef struct qpack_graph_value:
         qpack_dtype dtype

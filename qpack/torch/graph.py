@@ -33,11 +33,11 @@ class Unsupported(Exception):
 
 
 _ACT_MODULES = {nn.ReLU: "relu", nn.Hardswish: "hardswish", nn.Sigmoid: "sigmoid", nn.SiLU: "silu",
-                nn.Hardsigmoid: "hardsigmoid"}
+                nn.Hardsigmoid: "hardsigmoid", nn.Tanh: "tanh"}
 _ACT_FUNCS = {F.relu: "relu", torch.relu: "relu", F.hardswish: "hardswish", torch.sigmoid: "sigmoid",
               F.sigmoid if hasattr(F, "sigmoid") else torch.sigmoid: "sigmoid", F.silu: "silu",
-              F.hardsigmoid: "hardsigmoid"}
-_ACT_METHODS = {"relu": "relu", "sigmoid": "sigmoid"}
+              F.hardsigmoid: "hardsigmoid", torch.tanh: "tanh", F.tanh: "tanh"}
+_ACT_METHODS = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh"}
 _IDENTITY_MODULES = (nn.Identity, nn.Dropout, nn.Dropout2d)
 _MAX_NODE_INPUTS = 8  # qpack_graph_node.inputs
 # torch.ao's quantized add and add + ReLU (None where this torch has none)

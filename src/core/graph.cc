@@ -86,6 +86,7 @@ float activate(qpack_activation act, float lo, float hi, float x) {
     case QPACK_ACT_SILU: return x / (1.0f + std::exp(-x));
     case QPACK_ACT_HARDSIGMOID: return std::min(std::max(x + 3.0f, 0.0f), 6.0f) / 6.0f;
     case QPACK_ACT_LEAKY_RELU: return x > 0.0f ? x : x * lo;
+    case QPACK_ACT_TANH: return std::tanh(x);
   }
   return x;
 }

@@ -25,7 +25,7 @@ namespace qpack {
 // The last qpack_node_kind and qpack_activation (graph validation and model
 // files check against these: appending a kind changes them here only).
 constexpr qpack_node_kind kLastNodeKind = QPACK_NODE_DEPTH_TO_SPACE;
-constexpr qpack_activation kLastActivation = QPACK_ACT_LEAKY_RELU;
+constexpr qpack_activation kLastActivation = QPACK_ACT_TANH;
 
 struct GraphValue {
   qpack_dtype dtype = QPACK_DTYPE_F32;

@@ -189,6 +189,7 @@ ONE_NODE = {
                lambda: [nn.Conv2d(4, 3, 1), nn.Conv2d(4, 2, 1)]),
     "hardswish": (lambda s, x: s.mods[1](s.mods[0](x)), lambda: [nn.Conv2d(4, 4, 1), nn.Hardswish()]),
     "sigmoid": (lambda s, x: torch.sigmoid(s.mods[0](x)), lambda: [nn.Conv2d(4, 4, 1)]),
+    "tanh": (lambda s, x: s.mods[1](s.mods[0](x)) + torch.tanh(x).tanh(), lambda: [nn.Conv2d(4, 4, 1), nn.Tanh()]),
     "affine": (lambda s, x: s.mods[1](F.relu(s.mods[0](x))), lambda: [nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4)]),
     "linear": (lambda s, x: s.mods[1](torch.flatten(s.mods[0](x), 1)), lambda: [nn.Conv2d(4, 2, 1), nn.Linear(50, 7)]),
     "channel_range": (lambda s, x: s.mods[1](s.mods[0](x)[:, 1:4]), lambda: [nn.Conv2d(4, 6, 1), nn.Conv2d(3, 4, 1)]),
@@ -199,7 +200,8 @@ def _act(name, lo, hi, v):
     return {None: lambda: v, "relu": lambda: F.relu(v), "clamp": lambda: torch.clamp(v, lo, hi),
             "hardswish": lambda: F.hardswish(v), "sigmoid": lambda: torch.sigmoid(v),
             "gelu": lambda: F.gelu(v), "silu": lambda: F.silu(v),
-            "hardsigmoid": lambda: F.hardsigmoid(v), "leaky_relu": lambda: F.leaky_relu(v, lo)}[name]()
+            "hardsigmoid": lambda: F.hardsigmoid(v), "leaky_relu": lambda: F.leaky_relu(v, lo),
+            "tanh": lambda: torch.tanh(v)}[name]()
 
 
 def _layer_act(a, v):
@@ -929,7 +931,7 @@ class SubPixel(nn.Module):
         self.shuffle, self.c = nn.PixelShuffle(r), nn.Conv2d(3, 8, 3, padding=1)
 
     def forward(self, x):
-        y = self.b(F.relu(self.a(x)))
+        y = self.b(torch.tanh(self.a(x)))  # ESPCN's activation
         return self.c(self.shuffle(y)), F.pixel_shuffle(y, 3)
 
 

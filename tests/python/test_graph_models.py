@@ -247,7 +247,7 @@ def test_a_segment_its_graph_cannot_plan_runs_in_pytorch():
             self.fc1, self.fc2 = nn.Linear(6, 6), nn.Linear(6, 6)
 
         def forward(self, x):
-            y = torch.tanh(x)  # PyTorch: splits the trace
+            y = torch.sin(x)  # PyTorch: splits the trace
             return self.fc2(F.relu(self.fc1(y)))
 
     model = M().eval()

@@ -215,7 +215,7 @@ def test_gelu_mlp_is_one_graph():
 
 
 _NAMES = {nn.GELU: "gelu", nn.SiLU: "silu", nn.Sigmoid: "sigmoid", nn.Hardswish: "hardswish",
-          nn.Hardsigmoid: "hardsigmoid", nn.LeakyReLU: "leaky_relu"}
+          nn.Hardsigmoid: "hardsigmoid", nn.LeakyReLU: "leaky_relu", nn.Tanh: "tanh"}
 
 
 class LinearAct(nn.Module):
@@ -244,12 +244,9 @@ def test_linear_with_an_activation_is_one_node(act, rows, threads):
     qpack.set_num_threads(threads)
     try:
         f = qpack.freeze(model, progress=False)
-        if plan(f) != "graph":  # an activation the graph does not run (Tanh) stays in PyTorch
-            assert isinstance(act, nn.Tanh)
-        else:
-            assert kinds(f) == ["linear", "linear"], kinds(f)
-            fused = G.runner_of(f)._spec["nodes"][0].get("activation")
-            assert fused == (None if isinstance(act, (nn.ReLU, nn.Hardtanh)) else _NAMES[type(act)]), fused
+        assert kinds(f) == ["linear", "linear"], kinds(f)
+        fused = G.runner_of(f)._spec["nodes"][0].get("activation")
+        assert fused == (None if isinstance(act, (nn.ReLU, nn.Hardtanh)) else _NAMES[type(act)]), fused
         x = torch.randn(rows, 24) * 3
         if not isinstance(act, (nn.ReLU, nn.Hardtanh)):
             x[0, 5] = float("nan")

@@ -508,6 +508,7 @@ typedef enum qpack_activation {
   QPACK_ACT_SILU = 6,
   QPACK_ACT_HARDSIGMOID = 7, /* relu6(x + 3) / 6 */
   QPACK_ACT_LEAKY_RELU = 8, /* x > 0 ? x : act_min x (act_min: negative_slope, finite) */
+  QPACK_ACT_TANH = 9,
 } qpack_activation;
 
 typedef struct qpack_graph_value {
