@@ -371,9 +371,7 @@ class _Lowering:
             return
         if scalar is not None:
             x, scale, shift = scalar
-            c = channels_of(x)
-            if c is None:
-                raise Unsupported("an op with a number on a value of unknown channel count")
+            c = channels_of(x) or 1  # (one scale and shift for every value where the trace cannot tell C)
             last = self.nodes[-1] if self.nodes else None
             if (last is not None and last["kind"] == "affine" and last["fx"] is x and len(x.users) == 1
                     and self.value_of.get(x) not in self.qp and x not in self.input_nodes):
@@ -1345,19 +1343,20 @@ def _constant_view(gm, a):
         return None
 
 
-def _square(node):
-    """node is x ** 2 / torch.pow(x, 2) / x.pow(2) / x.square() of a traced value."""
+def _small_power(node):
+    """2 or 3 when node is x ** 2 / x ** 3 (torch.pow(x, n), x.pow(n), x.square()) of a
+    traced value, else 0."""
     is_pow = (node.op == "call_function" and node.target in (operator.pow, torch.pow)) or (
         node.op == "call_method" and node.target == "pow")
-    if is_pow and len(node.args) == 2 and not node.kwargs and node.args[1] in (2, 2.0) \
+    if is_pow and len(node.args) == 2 and not node.kwargs and node.args[1] in (2, 3) \
             and type(node.args[1]) in (int, float):
-        x = node.args[0]
+        x, n = node.args[0], int(node.args[1])
     elif ((node.op == "call_method" and node.target == "square") or
           (node.op == "call_function" and node.target is torch.square)) and len(node.args) == 1 and not node.kwargs:
-        x = node.args[0]
+        x, n = node.args[0], 2
     else:
-        return False
-    return isinstance(x, torch.fx.Node) and not x.meta.get("qpack_shape_value") and x.op != "get_attr"
+        return 0
+    return n if isinstance(x, torch.fx.Node) and not x.meta.get("qpack_shape_value") and x.op != "get_attr" else 0
 
 
 def _tensor_sub(gm, node):
@@ -1628,7 +1627,7 @@ def canonicalize(gm):
     - negative dims of torch.cat and mean made positive where the rank is known;
     - a view or reshape of a constant by constant sizes, and an index of a constant
       by constant tensors (a bias table gathered at every call) -> a constant;
-    - a - b of two values -> a + b * -1 (an add and a scalar affine); x ** 2 -> x * x;
+    - a - b of two values -> a + b * -1 (an add and a scalar affine); x ** 2 -> x * x, x ** 3 -> (x * x) * x;
     - F.scaled_dot_product_attention, and softmax((q @ kt) * c [+ bias]) @ v
       spelled out -> qpack.torch.attention's (the core's kernel where it applies,
       PyTorch's call otherwise).
@@ -1736,9 +1735,17 @@ def canonicalize(gm):
             g.erase_node(node)
             erased.add(node)
             continue
-        elif _square(node):
-            # x ** 2 (StarReLU's relu(x) ** 2) -> x * x: the core's mul node
-            replace(node, operator.mul, (node.args[0], node.args[0]))
+        elif (power := _small_power(node)):
+            # x ** 2 (StarReLU's relu(x) ** 2) -> x * x, x ** 3 (GPT-2's spelled-out tanh GELU)
+            # -> (x * x) * x, as PyTorch's pow computes them: the core's mul nodes
+            x = node.args[0]
+            if power == 3:
+                with g.inserting_before(node):
+                    sq = g.call_function(operator.mul, (x, x))
+                sq.meta.update(qpack_rank=rank_of(x), qpack_channels=channels_of(x))
+                replace(node, operator.mul, (sq, x))
+            else:
+                replace(node, operator.mul, (x, x))
             continue
         elif _tensor_sub(gm, node):
             # a - b of two values (FastViT's mixer(x) - norm(x)) -> a + b * -1: the add node

@@ -9,6 +9,7 @@ ResNet-50: each must freeze, as one graph where every op is one the core runs,
 and match PyTorch (fp32 within 1e-4 of eager; int8 within two quanta of the
 per-edge reference of test_graph.py)."""
 import copy
+import math
 import pickle
 
 import pytest
@@ -862,15 +863,35 @@ def test_ops_with_numbers_run_as_affine_nodes():
         check_int8(model, x, backend)
 
 
-def test_numbers_on_values_of_unknown_channels_stay_in_pytorch():
+class NewGELU(nn.Module):
+    """GPT-2's GELU spelled out (transformers' NewGELUActivation): numbers, x ** 3, tanh."""
+
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_numbers_on_values_of_unknown_channels_are_one_value_affines(backend):
+    """An op with a number on a value whose channels the trace cannot tell (an input's)
+    is an affine node of one scale and shift; with x ** 3 as (x * x) * x and tanh, GPT-2's
+    spelled-out GELU between two Linears is one graph, fp32 and int8 (it had been three
+    with PyTorch between); a rank-1 input, which the node does not take, runs those ops
+    in PyTorch with the same values."""
     class M(nn.Module):
         def forward(self, x):
             return F.relu(x * 2 + 1)
 
-    model = M().eval()
     x = torch.randn(3, 5)
-    f = check_fp32(nn.Sequential(M(), nn.Linear(5, 2)).eval(), x, want=None)
-    assert "affine" not in (qpack.graph_report(f) or "")
+    model = nn.Sequential(M(), nn.Linear(5, 2)).eval()
+    f = check_fp32(model, x)
+    assert "affine" in qpack.graph_report(f)
+    with torch.no_grad():
+        assert rel_err(f(x[0]), model(x[0])) < 1e-5
+    torch.manual_seed(4)
+    mlp = nn.Sequential(nn.Linear(16, 32), NewGELU(), nn.Linear(32, 8)).eval()
+    t = torch.randn(2, 7, 16)
+    check_fp32(mlp, t)
+    check_int8(mlp, t, backend)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "u8"])
