@@ -182,7 +182,7 @@ def convert_multihead_attention(mod, ctx, bn=None, activation=None):
 def _written_out_as(m):
     """The type of _WRITTEN_OUT whose forward m runs (m's class, or a subclass that
     overrides none of the methods the frozen form writes out), else None."""
-    for base in (nn.TransformerEncoderLayer, nn.TransformerEncoder):
+    for base in _WRITTEN_OUT:
         if isinstance(m, base):
             same = all(getattr(type(m), k) is getattr(base, k) for k in ("forward", "_sa_block", "_ff_block")
                        if hasattr(base, k))

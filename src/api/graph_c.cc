@@ -61,9 +61,6 @@ std::vector<int> indices(const int32_t* v, int32_t n, const char* what) {
                what, " (1 to 2^20 of them)");
   return std::vector<int>(v, v + n);
 }
-}  // namespace
-
-namespace {
 
 // What `name` says of node or value `index`, copied into buf (truncated to size - 1).
 qpack_status name_of(const qpack_graph* graph, int32_t index, const char* what, char* buf, size_t size,

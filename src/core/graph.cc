@@ -1336,8 +1336,6 @@ void Graph::nlc_values(GraphPlan* p) const {
     if (!ew && !conv) {  // another producer or reader: its values stay row-major
       ok[find(n.out)] = 0;
       for (int v : n.in) ok[find(v)] = 0;
-    } else if (conv) {
-      for (size_t k = 1; k < n.in.size(); ++k) ok[find(n.in[k])] = 0;
     }
   }
   for (int v = 0; v < nv; ++v) p->nlc[v] = ok[find(v)] && has_conv[find(v)];

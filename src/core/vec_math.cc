@@ -306,28 +306,6 @@ QPACK_AVX512 void quantize512(const float* x, int64_t n, float inv_scale, float 
   }
 }
 
-// x[i] = exp(x[i] - max) / sum over one row of n floats (a softmax), 16 a step,
-// the last under a mask; -inf stays 0 (a masked-out key), a row all -inf
-// becomes NaN as PyTorch's softmax makes it.
-QPACK_AVX512 void softmax_row512(float* x, int64_t n) {
-  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t i = 0; i < n; i += 16) mx = _mm512_max_ps(mx, load16(mask16(n - i), x + i));
-  const float top = _mm512_reduce_max_ps(mx);
-  const __m512 m = _mm512_set1_ps(top);
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 k = mask16(n - i);
-    const __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(load16(k, x + i), m)));
-    sum = _mm512_add_ps(sum, e);
-    store16(x + i, k, e);
-  }
-  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 k = mask16(n - i);
-    store16(x + i, k, _mm512_mul_ps(load16(k, x + i), inv));
-  }
-}
-
 // Rows 0..R-1 of x (stride floats apart, n each): x = exp(x - the row's max) in
 // place and inv[r] = 1 / the row's sum, the softmax but for that last scale (a
 // caller multiplies it into what it computes from the row). The R rows are
@@ -361,6 +339,19 @@ QPACK_AVX512 void exp_rows512(float* x, int64_t stride, int64_t n, float* inv) {
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) inv[r] = 1.0f / _mm512_reduce_add_ps(sum[r]);
+}
+
+// x[i] = exp(x[i] - max) / sum over one row of n floats (a softmax), 16 a step,
+// the last under a mask; -inf stays 0 (a masked-out key), a row all -inf
+// becomes NaN as PyTorch's softmax makes it: exp_rows512 of the row, then its scale.
+QPACK_AVX512 void softmax_row512(float* x, int64_t n) {
+  float inv_sum;
+  exp_rows512<1>(x, 0, n, &inv_sum);
+  const __m512 inv = _mm512_set1_ps(inv_sum);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = mask16(n - i);
+    store16(x + i, k, _mm512_mul_ps(load16(k, x + i), inv));
+  }
 }
 
 // 16 floats of x (the lanes of m; zeros elsewhere) quantized as quantize512:

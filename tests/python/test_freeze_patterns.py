@@ -18,6 +18,11 @@ from qpack.torch import graph as G
 from test_graph import randomize_bn, rel_err
 
 
+def int8_kw(dtype, x):
+    """freeze keywords: none for fp32; for int8, three random calibration batches like x."""
+    return dict(dtype="int8", example_inputs=[torch.randn_like(x) for _ in range(3)]) if dtype else {}
+
+
 class AttentionBlock(nn.Module):
     """Patch embedding, nn.MultiheadAttention, an MLP, a head."""
 
@@ -59,7 +64,7 @@ def test_multihead_attention_is_frozen_whole(dtype):
     torch.manual_seed(0)
     model = AttentionBlock().eval()
     x = torch.randn(2, 3, 32, 32)
-    kw = dict(dtype="int8", example_inputs=[torch.randn_like(x) for _ in range(3)]) if dtype else {}
+    kw = int8_kw(dtype, x)
     f = qpack.freeze(model, progress=False, **kw)
     assert type(f.attn) is qpack.torch.FrozenMultiheadAttention
     assert f.attn.out_proj.mode == ("f32" if dtype is None else "int8_dynamic")
@@ -92,7 +97,7 @@ def test_a_forward_that_caches_into_its_module(dtype):
     x = torch.randn(2, 3, 9, 7)
     with torch.no_grad():
         ref = model(x)
-    kw = dict(dtype="int8", example_inputs=[torch.randn_like(x) for _ in range(3)]) if dtype else {}
+    kw = int8_kw(dtype, x)
     f = qpack.freeze(model, progress=False, **kw)
     for m in (model, f):  # tracing left no fx proxy in either module's cache
         assert all(not isinstance(v, torch.fx.Proxy) for v in m.cache.values()), m.cache
@@ -127,7 +132,7 @@ def test_a_forward_that_reads_the_device_traces_whole(dtype):
     x = torch.randn(2, 3, 9, 7)
     with torch.no_grad():
         ref = model(x)
-    kw = dict(dtype="int8", example_inputs=[torch.randn_like(x) for _ in range(3)]) if dtype else {}
+    kw = int8_kw(dtype, x)
     with warnings.catch_warnings():
         warnings.simplefilter("error", FreezeWarning)
         f = qpack.freeze(model, progress=False, **kw)
@@ -307,7 +312,7 @@ def test_a_constant_broadcast_over_the_batch_stays_in_pytorch(batch):
 def _frozen_as_eager(model, x, dtype):
     """model frozen fp32 (dtype None) or static int8 (calibrated on 3 batches of x's
     shape), its output on x checked against eager's (1e-5, int8 5e-2)."""
-    kw = dict(dtype="int8", example_inputs=[torch.randn_like(x) for _ in range(3)]) if dtype else {}
+    kw = int8_kw(dtype, x)
     frozen = qpack.freeze(model, progress=False, **kw)
     with torch.no_grad():
         assert rel_err(frozen(x), model(x)) < (0.05 if dtype else 1e-5)
