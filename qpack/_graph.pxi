@@ -12,7 +12,7 @@ NODE_KINDS = {"conv2d": QPACK_NODE_CONV2D, "linear": QPACK_NODE_LINEAR, "add": Q
               "prelu": QPACK_NODE_PRELU, "resize_nearest": QPACK_NODE_RESIZE_NEAREST,
               "resize_bilinear": QPACK_NODE_RESIZE_BILINEAR, "channel_range": QPACK_NODE_CHANNEL_RANGE,
               "layer_norm": QPACK_NODE_LAYER_NORM, "transpose": QPACK_NODE_TRANSPOSE,
-              "depth_to_space": QPACK_NODE_DEPTH_TO_SPACE}
+              "depth_to_space": QPACK_NODE_DEPTH_TO_SPACE, "attention": QPACK_NODE_ATTENTION}
 ACTIVATIONS = {None: QPACK_ACT_NONE, "relu": QPACK_ACT_RELU, "clamp": QPACK_ACT_CLAMP,
                "hardswish": QPACK_ACT_HARDSWISH, "sigmoid": QPACK_ACT_SIGMOID,
                "gelu": QPACK_ACT_GELU, "silu": QPACK_ACT_SILU, "hardsigmoid": QPACK_ACT_HARDSIGMOID,
@@ -67,7 +67,9 @@ cdef class GraphHandle:
     -1: the last); linear: per_pixel (over the
     channels of a rank-4 value); resize_nearest /
     resize_bilinear: size=(h, w) or scale=(h, w) (or a second input whose H, W
-    are taken), align_corners (bilinear)."""
+    are taken), align_corners (bilinear); attention: heads, head_dim, value_dim (head_dim when
+    absent), offsets=(q, k, v) (where each starts in its input's rows), scale, causal, mask
+    ([L, S] or [H, L, S] floats, added to the scaled scores)."""
     cdef qpack_graph* _h
     cdef readonly int num_inputs
     cdef readonly int num_outputs
@@ -132,6 +134,22 @@ cdef class GraphHandle:
                     fview = sh
                     cn[i].affine_shift = &fview[0]
                     cn[i].channels = sc.shape[0]
+                elif n["kind"] == "attention":
+                    d = n["head_dim"]
+                    cn[i].kernel_h, cn[i].kernel_w = n["heads"], d
+                    cn[i].stride_h, cn[i].stride_w = n.get("value_dim", d), 1
+                    cn[i].pad_top, cn[i].pad_left, cn[i].pad_bottom = n.get("offsets", (0, 0, 0))
+                    cn[i].pad_right = 0
+                    cn[i].act_min = n["scale"] if "scale" in n else 1.0 / d ** 0.5 if d > 0 else 1.0
+                    cn[i].ceil_mode = bool(n.get("causal", False))
+                    if n.get("mask") is not None:
+                        sc = np.ascontiguousarray(n["mask"], dtype=np.float32).reshape(-1)
+                        if sc.shape[0] == 0:
+                            raise InvalidArgumentError("an attention mask must hold values ([L, S] or [H, L, S])")
+                        keep.append(sc)
+                        fview = sc
+                        cn[i].affine_scale = &fview[0]
+                        cn[i].channels = sc.shape[0]
                 elif n["kind"] == "prelu":
                     sc = np.ascontiguousarray(n["slopes"], dtype=np.float32)
                     if sc.ndim != 1 or sc.shape[0] == 0:

@@ -443,6 +443,21 @@ class _Lowering:
         if _swaps_last_two_of_rank3(node):
             self.emit_checked(node, "transpose", [node.args[0]])
             return
+        if node.op == "call_function" and node.target is heads_attention:
+            q, k, v, heads, d, dv, offsets, scale, causal, mask = node.args
+            if mask is not None:
+                t = _attr_tensor(self.gm, mask)
+                if t is None or t.dtype != torch.float32 or t.dim() > 4 or any(n != 1 for n in t.shape[:-3]):
+                    raise Unsupported("an attention mask that is not a float32 constant of [L, S] or [H, L, S]")
+                t = t.reshape(t.shape[-3:]) if t.dim() >= 3 else t
+                if t.dim() == 3 and t.shape[0] == 1:
+                    t = t[0]
+                if t.dim() == 3 and t.shape[0] != heads:
+                    raise Unsupported("an attention mask of other heads than the attention's")
+                mask = t.detach().contiguous().numpy().copy()
+            self.emit_checked(node, "attention", [q, k, v], heads=heads, head_dim=d, value_dim=dv,
+                              offsets=tuple(offsets), scale=scale, causal=causal, mask=mask)
+            return
         if node.op == "call_function" and node.target is blocks_to_space:
             x, kh, kw = node.args
             self.emit_checked(node, "depth_to_space", [x], kernel=(kh, kw))
@@ -707,17 +722,44 @@ def trace(model):
         # a forward that tests its optional arguments (nn.TransformerEncoder's masks:
         # `if mask is not None`), traced once more with them None; calls that pass one
         # run the model's own forward (GraphRunner.__call__)
-        nones = _none_defaults(model)
+        nones = _trailing_defaults(model)
         if not nones:
             raise
         graph = trace_clean(Tracer(), model, concrete_args=nones)
+    else:
+        if _attention_reads_placeholder(graph):
+            # a forward's optional mask or is_causal reaching its attention (timm's ViT):
+            # traced with their defaults, the attention becomes a core node; calls that
+            # pass others run the model's own forward
+            nones = _trailing_defaults(model)
+            if nones:
+                graph = trace_clean(Tracer(), model, concrete_args=nones)
     try:
         gm = torch.fx.GraphModule(model, graph)
     except Exception as e:  # noqa: BLE001 - e.g. a submodule named like a GraphModule attribute
         raise Unsupported(f"the traced model cannot become a GraphModule ({type(e).__name__}: {e})") from None
     gm._qpack_none_from = None if not nones else _positions(model)[next(iter(nones))]
+    gm._qpack_defaults = None if not nones else tuple(nones.values())
     canonicalize(gm)
     return gm
+
+
+def _attention_reads_placeholder(graph):
+    """True when a scaled_dot_product_attention call's mask, is_causal or scale is a
+    forward argument (traced as a placeholder)."""
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target in _SDPA:
+            for a in list(n.args[3:]) + list(n.kwargs.values()):
+                if isinstance(a, torch.fx.Node) and a.op == "placeholder":
+                    return True
+    return False
+
+
+def _defaults_given(args, gm):
+    """True when args, passed for the parameters gm was traced with at their defaults,
+    are those defaults (None: None; a number: one equal and of its type)."""
+    defaults = getattr(gm, "_qpack_defaults", None) or (None,) * len(args)
+    return all(a is d or (type(a) is type(d) and a == d) for a, d in zip(args, defaults))
 
 
 def _positions(model):
@@ -727,9 +769,12 @@ def _positions(model):
             if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)}
 
 
-def _none_defaults(model):
-    """{name: None} for the trailing forward parameters whose default is None (none when
-    a parameter without a default follows one)."""
+_CONSTANT_DEFAULTS = (type(None), bool, int, float)
+
+
+def _trailing_defaults(model):
+    """{name: default} for the trailing forward parameters whose default is None or a
+    number (none when a parameter without such a default follows one)."""
     try:
         params = list(inspect.signature(type(model).forward).parameters.values())[1:]
     except (TypeError, ValueError):
@@ -738,8 +783,8 @@ def _none_defaults(model):
     for p in params:
         if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             return {}
-        if p.default is None:
-            out[p.name] = None
+        if p.default is not inspect.Parameter.empty and type(p.default) in _CONSTANT_DEFAULTS:
+            out[p.name] = p.default
         elif out:
             return {}
     positions = _positions(model)
@@ -788,6 +833,25 @@ def channel_scale(x, scale):
     (ConvNeXt's layer scale): what canonicalize() rewrites that spelling to; the
     core runs it as an ``affine`` node without shift."""
     return x * scale.reshape(1, -1, 1, 1)
+
+
+def heads_attention(q, k, v, heads, head_dim, value_dim, offsets, scale, causal=False, mask=None):
+    """Multi-head attention over rank-3 values of rows: head h of the query is
+    ``q[..., offsets[0] + h * head_dim:][:head_dim]``, of the key ``k``'s from
+    offsets[1], of the value ``v``'s of value_dim from offsets[2]; the heads' outputs
+    side by side, [N, L, heads * value_dim]. What canonicalize() rewrites a split into
+    heads (timm's ``qkv(x).reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)``,
+    ``.view(B, N, H, D).transpose(1, 2)``), scaled_dot_product_attention and the merge
+    (``.transpose(1, 2).reshape(B, N, C)``) to; the core runs it as one ``attention``
+    node, reading the heads where they are."""
+    n, length, s = q.shape[0], q.shape[1], k.shape[1]
+
+    def split(t, at, rows, d):
+        return t[..., at:at + heads * d].reshape(n, rows, heads, d).transpose(1, 2)
+    out = _attention.scaled_dot_product_attention(
+        split(q, offsets[0], length, head_dim), split(k, offsets[1], s, head_dim), split(v, offsets[2], s, value_dim),
+        attn_mask=mask, is_causal=causal, scale=scale)
+    return out.transpose(1, 2).reshape(n, length, heads * value_dim)
 
 
 def _per_channel_constant(gm, node, x):
@@ -1616,6 +1680,141 @@ def _explicit_attention(node):
     return q, kt, v, mask, scale, replaced
 
 
+def _through_identity(t, modules):
+    """t past nn.Identity modules (timm's q_norm / k_norm when off)."""
+    while (isinstance(t, torch.fx.Node) and t.op == "call_module" and isinstance(modules.get(t.target), nn.Identity)
+           and len(t.args) == 1 and len(t.users) == 1):
+        t = t.args[0]
+    return t
+
+
+def _head_view(t, modules, shapes):
+    """(x, offset, heads, head_dim, nodes, sizes' source) when fx node t is one head split of
+    a rank-3 value x [N, L, C] read by nothing else (N and L x's sizes or those of the
+    value a Linear made x of): ``x.view(N, L, H, D).transpose(1, 2)``
+    (or ``permute(0, 2, 1, 3)``; offset 0), or part i of ``x.reshape(N, L, P, H, D)
+    .permute(2, 0, 3, 1, 4)`` (``.unbind(0)[i]`` or ``[i]``; offset i H D); else None."""
+    t = _through_identity(t, modules)
+    chain = []
+
+    def sized(r, n):  # r a view / reshape of a rank-3 value to N, L (or -1), then n ints
+        terms = shapes.terms(r) if isinstance(r, torch.fx.Node) else None
+        if terms is None or len(terms) != 2 + n:
+            return None
+        x = r.args[0]
+        if not (isinstance(x, torch.fx.Node) and rank_of(x) in (3, None) and len(r.users) == 1):
+            return None
+        sizes = terms[2:]
+        unknown = [i for i, a in enumerate(sizes) if not (isinstance(a, int) and a >= 1)]
+        layer = modules.get(x.target) if x.op == "call_module" else None
+        if len(unknown) == 1 and isinstance(layer, (nn.Linear, FrozenLinear)):
+            # one size the trace computes (C // heads): what the Linear's width leaves
+            known = int(np.prod([a for a in sizes if isinstance(a, int) and a >= 1]))
+            if layer.out_features % known:
+                return None
+            sizes = list(sizes)
+            sizes[unknown[0]] = layer.out_features // known
+        elif unknown:
+            return None
+        d0, d1 = terms[:2]
+        if not (isinstance(d0, tuple) and d0[0] == "dim" and d0[2] == 0) or not (
+                d1 == -1 or isinstance(d1, tuple) and d1[0] == "dim" and d1[2] == 1 and d1[1] is d0[1]):
+            return None
+        # the sizes are x's own, or those of what a Linear made x of (the same leading dims)
+        src = d0[1]
+        if not (src is x or x.op == "call_module" and isinstance(modules.get(x.target), (nn.Linear, FrozenLinear))
+                and x.args[0] is src):
+            return None
+        return x, sizes, src
+
+    def is_permute(node, dims):
+        if not (isinstance(node, torch.fx.Node) and len(node.users) == 1):
+            return False
+        if node.op == "call_method" and node.target == "permute":
+            return tuple(_sizes(node.args[1:])) == dims
+        if len(dims) == 4 and node.op == "call_method" and node.target == "transpose" and len(node.args) == 3:
+            return sorted(_norm_dim(a, 4) for a in node.args[1:]) == [1, 2]
+        return False
+
+    if is_permute(t, (0, 2, 1, 3)):
+        got = sized(t.args[0], 2)
+        if got is not None:
+            x, (h, d), src = got
+            return x, 0, h, d, [t, t.args[0]], src
+        return None
+    if not (isinstance(t, torch.fx.Node) and t.op == "call_function" and t.target is operator.getitem
+            and isinstance(t.args[1], int) and len(t.users) == 1):
+        return None
+    chain.append(t)
+    p = t.args[0]
+    if isinstance(p, torch.fx.Node) and p.op == "call_method" and p.target == "unbind" \
+            and _dim_arg(p, 1, "dim", 0) == 0:
+        chain.append(p)
+        p = p.args[0]
+    if not (isinstance(p, torch.fx.Node) and p.op == "call_method" and p.target == "permute"
+            and tuple(_sizes(p.args[1:])) == (2, 0, 3, 1, 4)):
+        return None
+    got = sized(p.args[0], 3)
+    if got is None or not 0 <= t.args[1] < got[1][0]:
+        return None
+    x, (parts, h, d), src = got
+    return x, t.args[1] * h * d, h, d, chain + [p, p.args[0]], src
+
+
+def _heads_attention(node, gm, modules, shapes):
+    """(merge node, heads_attention args, nodes it replaces) when scaled_dot_product_attention
+    ``node`` reads head splits (_head_view) and its output is merged back into rows of
+    heads side by side (``.transpose(1, 2)`` or ``.permute(0, 2, 1, 3)``, optionally
+    ``.contiguous()``, then ``.reshape(N, L, H Dv)`` / ``.view`` / ``.flatten(2)``), its mask
+    none or a constant and no dropout; else None."""
+    if len(node.args) < 3 or len(node.users) != 1:
+        return None
+    kw = dict(zip(("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"), node.args[3:]))
+    kw.update(node.kwargs)
+    if kw.get("dropout_p", 0.0) != 0.0 or kw.get("enable_gqa", False) is not False \
+            or not isinstance(kw.get("is_causal", False), bool) \
+            or not (kw.get("scale") is None or isinstance(kw["scale"], (int, float))):
+        return None
+    mask = kw.get("attn_mask")
+    if mask is not None and (not isinstance(mask, torch.fx.Node) or _attr_tensor(gm, mask) is None):
+        return None
+    views = [_head_view(a, modules, shapes) for a in node.args[:3]]
+    if any(v is None for v in views) or views[0][2] != views[1][2] or views[0][2] != views[2][2] \
+            or views[0][3] != views[1][3]:
+        return None
+    t = next(iter(node.users))
+    if not (t.op == "call_method" and (t.target == "transpose" and len(t.args) == 3 and sorted(
+            _norm_dim(a, 4) for a in t.args[1:]) == [1, 2] or t.target == "permute"
+            and tuple(_sizes(t.args[1:])) == (0, 2, 1, 3))) or len(t.users) != 1:
+        return None
+    dead = [t, node]
+    r = next(iter(t.users))
+    if r.op == "call_method" and r.target == "contiguous" and len(r.users) == 1:
+        dead.insert(0, r)
+        r = next(iter(r.users))
+    heads, d, dv = views[0][2], views[0][3], views[2][3]
+    terms = shapes.terms(r)
+    ok = False
+    if terms is not None and len(terms) == 3 and r.args[0] is dead[0]:
+        d0, d1, c = terms
+        ok = (isinstance(d0, tuple) and d0[0] == "dim" and d0[2] == 0 and d0[1] is views[0][5]
+              and (d1 == -1 or isinstance(d1, tuple) and d1[0] == "dim" and d1[2] == 1 and d1[1] is d0[1])
+              and (c == heads * dv or c == -1 and d1 != -1 or c == ("dim", d0[1], 2)))
+    elif r.op == "call_method" and r.target == "flatten" and r.args[0] is dead[0]:
+        ok = _dim_arg(r, 1, "start_dim", 0) == 2 and _dim_arg(r, 2, "end_dim", -1) in (-1, 3)
+    if not ok:
+        return None
+    scale = kw.get("scale")
+    args = (views[0][0], views[1][0], views[2][0], heads, d, dv, (views[0][1], views[1][1], views[2][1]),
+            float(d ** -0.5 if scale is None else scale), kw.get("is_causal", False), mask)
+    replaced = dead + [n for v in views for n in v[4]]
+    for a in node.args[:3]:  # the Identity modules passed through
+        while a not in replaced and isinstance(a, torch.fx.Node) and a.op == "call_module":
+            replaced.append(a)
+            a = a.args[0]
+    return r, args, replaced
+
+
 def canonicalize(gm):
     """Rewrites shape spellings in a trace to ops the core runs, in place, and
     records each value's rank where its ops tell it (node.meta["qpack_rank"]):
@@ -1650,6 +1849,18 @@ def canonicalize(gm):
         if node in erased:
             continue
         if node.op == "call_function" and node.target in _SDPA:
+            att = _heads_attention(node, gm, modules, shapes)
+            if att is not None:
+                # split into heads, attention, merged back: one heads_attention on the rows
+                merge, args, dead = att
+                new = replace(merge, heads_attention, args)
+                new.meta["qpack_rank"] = 3
+                while any(d not in erased and not d.users for d in dead):
+                    for d in dead:
+                        if d not in erased and not d.users:
+                            g.erase_node(d)
+                            erased.add(d)
+                continue
             node.target = _attention.scaled_dot_product_attention
             continue
         if (att := _explicit_attention(node)) is not None:
@@ -1867,7 +2078,7 @@ _ADD_MUL = {operator.add, operator.iadd, torch.add, operator.mul, operator.imul,
 def _constant_attr(node, gm=None):
     """A get_attr node read only as a constant by the ops that use it: qparams of
     convert_fx's quantize / quantized add, statistics and affine of F.batch_norm (and
-    of the layer and group norms), a constant of the last dim that a value is
+    of the layer and group norms), an attention's mask, a constant of the last dim that a value is
     multiplied by or added to (with gm)."""
     def constant_operand(u):
         if not ((u.op == "call_function" and u.target in _ADD_MUL) or
@@ -1879,10 +2090,17 @@ def _constant_attr(node, gm=None):
         t = _attr_tensor(gm, node)
         return (isinstance(other, torch.fx.Node) and other.op != "get_attr" and t is not None
                 and _last_dim_constant(t))
+
+    def reads_as_constant(u):
+        if u.op != "call_function":
+            return False
+        if u.target in _QPARAM_READERS:
+            return True
+        if u.target in (F.batch_norm, F.layer_norm, F.group_norm, layer_norm2d, channel_scale, last_dim_affine):
+            return not u.args or u.args[0] is not node
+        return u.target is heads_attention and u.args[-1] is node and node not in u.args[:3]
     return node.op == "get_attr" and bool(node.users) and all(
-        (u.op == "call_function" and (u.target in _QPARAM_READERS or (
-            u.target in (F.batch_norm, F.layer_norm, F.group_norm, layer_norm2d, channel_scale, last_dim_affine)
-            and (not u.args or u.args[0] is not node)))) or (gm is not None and constant_operand(u))
+        reads_as_constant(u) or (gm is not None and constant_operand(u))
         for u in node.users)
 
 
@@ -2445,8 +2663,8 @@ class GraphRunner:
             return type(model).forward(model, *args, **kwargs)
         if self._gm is not None:
             first = getattr(self._gm, "_qpack_none_from", None)
-            if first is not None and any(a is not None for a in args[first:]):
-                return type(model).forward(model, *args)  # traced with those None
+            if first is not None and not _defaults_given(args[first:], self._gm):
+                return type(model).forward(model, *args)  # traced with their defaults
             return self._gm(*args)
         seg = self._segments[0]
         arrays = [_to_array(a) for a in args]
@@ -2665,7 +2883,11 @@ def worth_part(nodes, inputs, outputs, num_layers):
     by itself converts anyway); a squeeze-excitation part (pool, tiny convs,
     then a mul over the big input) or a lone layer with an activation does not,
     unless that activation is one PyTorch computes slowly and the core's vector
-    loop does not (GELU, SiLU, sigmoid: a transformer's MLP, Linear then GELU)."""
+    loop does not (GELU, SiLU, sigmoid: a transformer's MLP, Linear then GELU). One
+    with an attention node does too (a transformer block: its attention would be a
+    PyTorch call between the layers' graphs)."""
+    if any(n["kind"] == "attention" for n in nodes):
+        return True
     if num_layers == 1 and any(n.get("activation") in _SLOW_IN_TORCH for n in nodes):
         return True
     return num_layers >= 2 and any(

@@ -53,6 +53,13 @@ qpack::GraphNode make_node(const qpack_graph_node& c, int index) {
                  "in channels, in [1, 2^24]; got ", c.channels);
     n.affine_scale.assign(c.affine_scale, c.affine_scale + c.channels);
   }
+  if (c.kind == QPACK_NODE_ATTENTION && c.channels != 0) {  // the mask
+    qpack::check(c.affine_scale != nullptr && c.channels >= 1 && c.channels <= (int64_t(1) << 24),
+                 QPACK_STATUS_INVALID_ARGUMENT, "node ", index,
+                 " (attention) needs its mask at affine_scale and its count in channels, in [1, 2^24] "
+                 "(or channels = 0: no mask); got ", c.channels);
+    n.affine_scale.assign(c.affine_scale, c.affine_scale + c.channels);
+  }
   return n;
 }
 

@@ -15,6 +15,7 @@
 #include <xmmintrin.h>
 #endif
 
+#include "core/attention.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/quant.h"
@@ -63,6 +64,7 @@ const char* kind_name(qpack_node_kind k) {
     case QPACK_NODE_LAYER_NORM: return "layer_norm";
     case QPACK_NODE_TRANSPOSE: return "transpose";
     case QPACK_NODE_DEPTH_TO_SPACE: return "depth_to_space";
+    case QPACK_NODE_ATTENTION: return "attention";
   }
   return "unknown";
 }
@@ -762,6 +764,7 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
     const char* kind = kind_name(n.kind);
     const bool resize = n.kind == QPACK_NODE_RESIZE_NEAREST || n.kind == QPACK_NODE_RESIZE_BILINEAR;
     const size_t want = (n.kind == QPACK_NODE_ADD || n.kind == QPACK_NODE_MUL) ? 2
+                        : n.kind == QPACK_NODE_ATTENTION                    ? 3
                         : n.kind == QPACK_NODE_CONCAT                       ? n.in.size()
                         : resize                                            ? std::min<size_t>(n.in.size(), 2)
                                                                             : 1;
@@ -871,6 +874,24 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
             ", ", n.act_max, ")");
       check(!n.ceil_mode || n.kind == QPACK_NODE_RESIZE_BILINEAR, QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
             " (", kind, "): align_corners (ceil_mode) is for bilinear resizes only");
+    }
+    if (n.kind == QPACK_NODE_ATTENTION) {
+      constexpr int64_t kMax = int64_t(1) << 24;
+      check(n.kernel[0] >= 1 && n.kernel[0] <= kMax && n.kernel[1] >= 1 && n.kernel[1] <= kMax &&
+                n.stride[0] >= 1 && n.stride[0] <= kMax,
+            QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (attention) needs heads (kernel_h), a head dim "
+            "(kernel_w) and a value head dim (stride_h) in [1, 2^24], got ", n.kernel[0], ", ", n.kernel[1],
+            ", ", n.stride[0]);
+      for (int a = 0; a < 3; ++a) {
+        check(n.pad[a] >= 0 && n.pad[a] <= kMax, QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
+              " (attention): where q, k and v start (pad_top, pad_left, pad_bottom) must be in [0, 2^24]");
+      }
+      check(std::isfinite(n.act_min), QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
+            " (attention) needs a finite scale (act_min), got ", n.act_min);
+      for (float m : n.affine_scale) {
+        check(!std::isnan(m) && m != std::numeric_limits<float>::infinity(), QPACK_STATUS_INVALID_ARGUMENT,
+              "node ", i, " (attention): the mask must not hold NaN or +inf");
+      }
     }
     if (n.kind == QPACK_NODE_PRELU) {
       check(!n.affine_scale.empty() && n.affine_scale.size() <= (size_t(1) << 24) && n.affine_shift.empty(),
@@ -1195,6 +1216,26 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
       y.d[1] = x.d[2];
       y.d[2] = x.d[1];
       return y;
+    case QPACK_NODE_ATTENTION: {
+      const Shape& k = shapes[n.in[1]];
+      const Shape& v = shapes[n.in[2]];
+      const int64_t H = n.kernel[0], D = n.kernel[1], Dv = n.stride[0];
+      check(x.rank == 3 && k.rank == 3 && v.rank == 3 && k.d[0] == x.d[0] && v.d[0] == x.d[0] &&
+                v.d[1] == k.d[1] && x.d[2] >= n.pad[0] + H * D && k.d[2] >= n.pad[1] + H * D &&
+                v.d[2] >= n.pad[2] + H * Dv,
+            QPACK_STATUS_INVALID_ARGUMENT, "attention of ", H, " heads (", D, " q / k, ", Dv,
+            " v features each, from ", n.pad[0], ", ", n.pad[1], ", ", n.pad[2],
+            ") takes q [N, L, Cq], k [N, S, Ck] and v [N, S, Cv] holding them, got ", shape_str(x), ", ",
+            shape_str(k), " and ", shape_str(v));
+      check(x.d[1] == 0 || k.d[1] > 0, QPACK_STATUS_INVALID_ARGUMENT, "attention of ", x.d[1],
+            " queries over no keys: ", shape_str(k));
+      const int64_t LS = x.d[1] * k.d[1], masks = static_cast<int64_t>(n.affine_scale.size());
+      check(masks == 0 || masks == LS || masks == H * LS, QPACK_STATUS_INVALID_ARGUMENT,
+            "attention's mask holds ", masks, " values, not L x S = ", LS, " (or H x L x S) for q ",
+            shape_str(x), " and k ", shape_str(k));
+      y.d[2] = H * Dv;
+      return y;
+    }
     case QPACK_NODE_CHANNEL_RANGE:
       need_rank(x.rank >= 2 && n.kernel[0] + n.kernel[1] <= x.d[1],
                 "an input whose dim 1 holds the channel range");
@@ -1761,6 +1802,75 @@ void group_norm(const Shape& xs, const GraphNode& n, bool u8, const Q& qx, const
 
 }  // namespace
 
+// The attention node: f32 heads read where they are (strided rows of their
+// values); u8 inputs dequantized first (each distinct value once, a packed
+// qkv projection's once for q, k and v) and the f32 output quantized after.
+void Graph::run_attention(const GraphNode& n, const GraphPlan& plan, uint8_t* const* ptrs) const {
+  const Shape& ys = plan.shapes[n.out];
+  const GraphValue& yv = values_[n.out];
+  const bool u8 = yv.dtype == QPACK_DTYPE_U8;
+  const float* src[3];
+  float* out = reinterpret_cast<float*>(ptrs[n.out]);
+  thread_local std::vector<float> scratch;
+  if (u8) {
+    size_t off[3], total = static_cast<size_t>(ys.numel());  // the f32 output first
+    int first[3];  // the first of q, k, v read from the same value
+    for (int a = 0; a < 3; ++a) {
+      first[a] = a;
+      for (int j = 0; j < a; ++j) {
+        if (n.in[j] == n.in[a]) {
+          first[a] = j;
+          break;
+        }
+      }
+      off[a] = first[a] < a ? off[first[a]] : total;
+      if (first[a] == a) total += static_cast<size_t>(plan.shapes[n.in[a]].numel());
+    }
+    scratch.resize(total);
+    for (int a = 0; a < 3; ++a) {
+      src[a] = scratch.data() + off[a];
+      if (first[a] < a) continue;
+      const Q q{values_[n.in[a]].scale, values_[n.in[a]].zero_point};
+      const uint8_t* x = ptrs[n.in[a]];
+      float* d = scratch.data() + off[a];
+      parallel_range(plan.shapes[n.in[a]].numel(), kGrain,
+                     [&](int64_t lo, int64_t hi) { load_f32(x + lo, hi - lo, q, d + lo); });
+    }
+    out = scratch.data();
+  } else {
+    for (int a = 0; a < 3; ++a) src[a] = reinterpret_cast<const float*>(ptrs[n.in[a]]);
+  }
+  const Shape& qs = plan.shapes[n.in[0]];
+  const Shape& ks = plan.shapes[n.in[1]];
+  const Shape& vs = plan.shapes[n.in[2]];
+  AttentionF32 a;
+  a.B = qs.d[0];
+  a.H = n.kernel[0];
+  a.L = qs.d[1];
+  a.S = ks.d[1];
+  a.D = n.kernel[1];
+  a.Dv = n.stride[0];
+  a.q = src[0] + n.pad[0];
+  a.k = src[1] + n.pad[1];
+  a.v = src[2] + n.pad[2];
+  a.out = out;
+  const int64_t q_strides[3] = {a.L * qs.d[2], a.D, qs.d[2]}, k_strides[3] = {a.S * ks.d[2], a.D, ks.d[2]},
+                v_strides[3] = {a.S * vs.d[2], a.Dv, vs.d[2]}, o_strides[3] = {a.L * ys.d[2], a.Dv, ys.d[2]};
+  std::copy(q_strides, q_strides + 3, a.q_stride);
+  std::copy(k_strides, k_strides + 3, a.k_stride);
+  std::copy(v_strides, v_strides + 3, a.v_stride);
+  std::copy(o_strides, o_strides + 3, a.out_stride);
+  a.scale = n.act_min;
+  a.causal = n.ceil_mode;
+  if (!n.affine_scale.empty()) {  // [L][S] for every head, or [H][L][S]
+    a.mask = n.affine_scale.data();
+    a.mask_stride[1] = static_cast<int64_t>(n.affine_scale.size()) == a.L * a.S ? 0 : a.L * a.S;
+    a.mask_stride[2] = a.S;
+  }
+  attention_f32(a);
+  if (u8) quantize_u8_array(out, ys.numel(), QParams{yv.scale, yv.zero_point}, ptrs[n.out]);
+}
+
 void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* ptrs) const {
   const Shape& xs = plan.shapes[n.in[0]];
   const Shape& ys = plan.shapes[n.out];
@@ -1986,6 +2096,9 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       });
       return;
     }
+    case QPACK_NODE_ATTENTION:
+      run_attention(n, plan, ptrs);
+      return;
     case QPACK_NODE_TRANSPOSE: {
       // each value's bytes as held: [N, A, B] row-major, or [N, B, A] where channels-last
       // (plan.nlc); the same order in and out is a copy, else one tiled transpose

@@ -24,7 +24,7 @@ namespace qpack {
 
 // The last qpack_node_kind and qpack_activation (graph validation and model
 // files check against these: appending a kind changes them here only).
-constexpr qpack_node_kind kLastNodeKind = QPACK_NODE_DEPTH_TO_SPACE;
+constexpr qpack_node_kind kLastNodeKind = QPACK_NODE_ATTENTION;
 constexpr qpack_activation kLastActivation = QPACK_ACT_TANH;
 
 struct GraphValue {
@@ -48,7 +48,9 @@ struct GraphNode {
   bool ceil_mode = false, count_include_pad = true, keepdim = true;
   qpack_activation act = QPACK_ACT_NONE;
   float act_min = 0, act_max = 0;  // CLAMP bounds; LEAKY_RELU: act_min = negative slope; LAYER_NORM: eps
-  // AFFINE, LAYER_NORM: per channel; PRELU: affine_scale = slopes (1 or C)
+  // AFFINE, LAYER_NORM: per channel; PRELU: affine_scale = slopes (1 or C); ATTENTION:
+  // affine_scale = the mask ([L][S] or [H][L][S]) or empty; kernel = {H, D}, stride[0] = Dv,
+  // pad[0..2] = where q, k and v start in their inputs' rows, act_min = scale, ceil_mode = causal
   std::vector<float> affine_scale, affine_shift;
   std::vector<uint8_t> lut;  // u8 ACTIVATION: output for each input byte
   std::shared_ptr<const GraphOp> backend_op;  // u8 node on the graph's backend's own operator
@@ -116,6 +118,7 @@ class Graph {
   // add node `add` fused in (ConvShape::sum) where add >= 0.
   ConvShape conv_shape(const GraphNode& n, const GraphPlan& plan, int add) const;
   void run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* ptrs) const;
+  void run_attention(const GraphNode& n, const GraphPlan& plan, uint8_t* const* ptrs) const;
   // The backend of the static int8 ops (when they agree) and its operators
   // for the u8 nodes it takes (GraphNode::backend_op).
   void attach_backend_ops();

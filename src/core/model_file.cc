@@ -260,7 +260,7 @@ std::shared_ptr<Graph> read_graph(ByteReader& r, const std::vector<ModelOp>& ops
     r.expect(c <= r.remaining() / sizeof(float), "affine shift");
     n.affine_shift.resize(c);
     if (c > 0) std::memcpy(n.affine_shift.data(), r.take(c * sizeof(float)), c * sizeof(float));
-    r.expect((shifted || kind == QPACK_NODE_PRELU) == !n.affine_scale.empty(),
+    r.expect(kind == QPACK_NODE_ATTENTION || (shifted || kind == QPACK_NODE_PRELU) == !n.affine_scale.empty(),
              "affine channel count");
   }
   r.expect(r.remaining() == 0, "length");

@@ -539,6 +539,51 @@ static void test_attention_mask(void) {
   EXPECT(strstr(qpack_last_error(), "Dv") != NULL, "message names Dv");
 }
 
+/* The attention graph node over a packed qkv value [N, L, 3 H D] (q, k, v read where
+ * they are: offsets 0, H D, 2 H D) equals qpack_attention_f32 over the same strided
+ * heads; a value too narrow for the heads is refused at run, the graph stays usable. */
+static void test_graph_attention(void) {
+  enum { N = 2, L = 5, H = 3, D = 4, C = 3 * H * D };
+  static float x[N][L][C], y[N][L][H * D], want[N][L][H * D];
+  unsigned seed = 5;
+  for (int i = 0; i < N * L * C; ++i) {
+    seed = seed * 1103515245u + 12345u;
+    (&x[0][0][0])[i] = (float)((seed >> 9) % 2001) / 1000.0f - 1.0f;
+  }
+  qpack_graph_value values[2] = {{QPACK_DTYPE_F32, 0, 0}, {QPACK_DTYPE_F32, 0, 0}};
+  qpack_graph_node node;
+  memset(&node, 0, sizeof(node));
+  node.kind = QPACK_NODE_ATTENTION;
+  node.num_inputs = 3; /* inputs 0, 0, 0: one value for q, k and v */
+  node.output = 1;
+  node.kernel_h = H;
+  node.kernel_w = D;
+  node.stride_h = D;
+  node.pad_left = H * D;
+  node.pad_bottom = 2 * H * D;
+  node.act_min = 0.5f;
+  int32_t in_v = 0, out_v = 1;
+  qpack_graph_params gp = {2, values, 1, &node, 1, &in_v, 1, &out_v};
+  qpack_graph* g = NULL;
+  EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_SUCCESS && g != NULL, "attention node: create");
+  qpack_tensor ti = {QPACK_DTYPE_F32, 3, {N, L, C}, QPACK_LAYOUT_NCHW, x};
+  qpack_tensor to = {QPACK_DTYPE_F32, 3, {N, L, H * D}, QPACK_LAYOUT_NCHW, y};
+  EXPECT(qpack_graph_run(g, 1, &ti, 1, &to) == QPACK_STATUS_SUCCESS, "attention node: run");
+  const int64_t qs[3] = {L * C, D, C}, os[3] = {L * H * D, D, H * D};
+  EXPECT(qpack_attention_f32(&x[0][0][0], qs, &x[0][0][H * D], qs, &x[0][0][2 * H * D], qs, &want[0][0][0], os, N,
+                             H, L, L, D, 0.5f, 0) == QPACK_STATUS_SUCCESS, "attention over the same heads");
+  EXPECT(memcmp(y, want, sizeof(want)) == 0, "attention node: the call's values");
+  qpack_tensor narrow = {QPACK_DTYPE_F32, 3, {N, L, C - 1}, QPACK_LAYOUT_NCHW, x};
+  EXPECT(qpack_graph_run(g, 1, &narrow, 1, &to) == QPACK_STATUS_INVALID_ARGUMENT &&
+             strstr(qpack_last_error(), "attention") != NULL, "attention node: a value without room for v");
+  EXPECT(qpack_graph_run(g, 1, &ti, 1, &to) == QPACK_STATUS_SUCCESS, "attention node: usable after");
+  qpack_graph_destroy(g);
+  node.kernel_h = 0;
+  g = NULL;
+  EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_INVALID_ARGUMENT && g == NULL &&
+             strstr(qpack_last_error(), "heads") != NULL, "attention node: refuses 0 heads");
+}
+
 int main(void) {
   char buf[256];
   for (int i = 0; i < qpack_backend_count(); ++i) {
@@ -566,6 +611,7 @@ int main(void) {
   test_graph_prelu_resize();
   test_attention();
   test_attention_mask();
+  test_graph_attention();
   printf("c_api: %d passed, %d failed\n", passes, failures);
   return failures == 0 ? 0 : 1;
 }

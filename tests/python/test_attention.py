@@ -397,29 +397,39 @@ def test_core_attention_scalar_loops():
 
 
 class TimmAttention(nn.Module):
-    """timm's ViT attention: one qkv Linear, F.scaled_dot_product_attention, a projection."""
+    """timm's ViT attention: one qkv Linear, F.scaled_dot_product_attention, a projection;
+    with ``rows`` the heads are merged into [B N, C] rows (no graph node takes that
+    merge: the attention stays a call between graphs)."""
 
-    def __init__(self):
+    def __init__(self, rows=False):
         super().__init__()
-        self.qkv, self.proj = nn.Linear(E, 3 * E), nn.Linear(E, E)
+        self.qkv, self.proj, self.rows = nn.Linear(E, 3 * E), nn.Linear(E, E), rows
 
     def forward(self, x):
         b, n, c = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, H, c // H).permute(2, 0, 3, 1, 4).unbind(0)
         y = F.scaled_dot_product_attention(q, k, v)
+        if self.rows:
+            return self.proj(y.transpose(1, 2).reshape(b * n, c)).reshape(b, n, c)
         return self.proj(y.transpose(1, 2).reshape(b, n, c))
 
 
-def test_traced_sdpa_calls_run_on_the_core():
-    """A traced forward's F.scaled_dot_product_attention becomes qpack's (between graphs)."""
+@pytest.mark.parametrize("rows", [False, True])
+def test_traced_sdpa_calls_run_on_the_core(rows):
+    """A traced forward's F.scaled_dot_product_attention runs on the core: as an attention
+    node of the graph where it reads heads split from rows and merges them back
+    (test_graph_attention.py), else as qpack's call between graphs."""
     from qpack.torch.graph import runner_of
     torch.manual_seed(12)
-    m = nn.Sequential(nn.LayerNorm(E), TimmAttention(), nn.LayerNorm(E)).eval()
+    m = nn.Sequential(nn.LayerNorm(E), TimmAttention(rows), nn.LayerNorm(E)).eval()
     f = qpack.freeze(m)
     runner = runner_of(f)
     assert runner is not None
-    targets = [n.target for n in runner._gm.graph.nodes if n.op == "call_function"]
-    assert qpack_sdpa in targets and F.scaled_dot_product_attention not in targets
+    if not rows:
+        assert runner._gm is None and "attention" in [n["kind"] for n in runner._spec["nodes"]]
+    else:
+        targets = [n.target for n in runner._gm.graph.nodes if n.op == "call_function"]
+        assert qpack_sdpa in targets and F.scaled_dot_product_attention not in targets
     x = torch.randn(2, 9, E)
     with torch.no_grad():
         assert close(f(x), m(x), 1e-5)

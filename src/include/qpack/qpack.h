@@ -496,6 +496,18 @@ typedef enum qpack_node_kind {
                                     convolution and this), or with ceil_mode = 1 PyTorch's
                                     pixel_shuffle order x[:, c kh kw + a kw + b, i, j]; u8 qparams
                                     kept */
+  QPACK_NODE_ATTENTION = 22,     /* multi-head scaled dot-product attention over rank-3 row-major
+                                    values: inputs q [N, L, Cq], k [N, S, Ck], v [N, S, Cv] (one
+                                    value may be given for several: a packed qkv projection).
+                                    kernel_h = heads H, kernel_w = head dim D of q and k,
+                                    stride_h = head dim Dv of v; head h of q is last-dim elements
+                                    [pad_top + h D, pad_top + (h + 1) D), of k from pad_left, of v
+                                    from pad_bottom. y [N, L, H Dv], head h at [h Dv, (h + 1) Dv):
+                                    softmax(act_min q k^T + mask) v (act_min: the scale), with
+                                    ceil_mode = 1 row i sees keys j <= i (is_causal). mask:
+                                    `channels` floats at affine_scale, [L][S] for every head or
+                                    [H][L][S], copied; none with channels = 0. u8: inputs
+                                    dequantized, the output quantized to its value's qparams */
 } qpack_node_kind;
 
 typedef enum qpack_activation {

@@ -1,0 +1,247 @@
+"""Multi-head attention as one node of the core's graph (QPACK_NODE_ATTENTION): a split
+into heads (timm's packed qkv reshape / permute / unbind, separate projections viewed
+and transposed), scaled_dot_product_attention and the merge back into rows are one
+``attention`` node reading the heads where they are, so a transformer block is one
+graph, fp32 and int8. PyTorch's own modules and F.scaled_dot_product_attention are the
+oracle; the int8 node is checked against the per-edge reference."""
+import io
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qpack
+from qpack import _core
+from qpack.torch import graph as G
+
+from test_graph import BACKENDS, per_edge_reference, rel_err
+
+pytestmark = pytest.mark.skipif("onednn" not in qpack.backends(), reason="the oneDNN backend is not built")
+
+
+class PackedQKV(nn.Module):
+    """timm's Attention: one qkv Linear, ``reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4)``,
+    ``unbind(0)`` (``indexed``: ``qkv[0], qkv[1], qkv[2]``, older timm), q_norm / k_norm
+    Identity, the mask and causality forward arguments with defaults."""
+
+    def __init__(self, c=32, heads=4, indexed=False, scale=None):
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
+        self.q_norm, self.k_norm = nn.Identity(), nn.Identity()
+        self.heads, self.indexed, self.scale = heads, indexed, scale
+
+    def forward(self, x, attn_mask=None, is_causal=False):
+        b, n, c = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = (qkv[0], qkv[1], qkv[2]) if self.indexed else qkv.unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=self.scale)
+        return self.proj(y.transpose(1, 2).reshape(b, n, c))
+
+
+class Separate(nn.Module):
+    """Three projections (v of another width per head), ``view(B, -1, H, D).transpose(1, 2)``
+    each, the merge by ``permute(0, 2, 1, 3).contiguous().view(...)`` or ``flatten(2)``;
+    causal where asked."""
+
+    def __init__(self, c=24, heads=3, dv=10, causal=False, flat=False):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(c, c), nn.Linear(c, c), nn.Linear(c, heads * dv)
+        self.proj = nn.Linear(heads * dv, c)
+        self.heads, self.dv, self.causal, self.flat = heads, dv, causal, flat
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q = self.q(x).view(b, -1, self.heads, c // self.heads).transpose(1, 2)
+        k = self.k(x).view(b, -1, self.heads, c // self.heads).permute(0, 2, 1, 3)
+        v = self.v(x).view(b, n, self.heads, self.dv).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        if self.flat:
+            return self.proj(y.transpose(1, 2).flatten(2))
+        return self.proj(y.permute(0, 2, 1, 3).contiguous().view(b, n, self.heads * self.dv))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block whose attention adds a constant position bias
+    ([H, N, N] buffer, or [N, N] shared by the heads) as its mask."""
+
+    def __init__(self, c=32, heads=4, tokens=10, shared_bias=False):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(c), nn.LayerNorm(c)
+        self.attn = PackedQKV(c, heads)
+        self.fc1, self.fc2 = nn.Linear(c, 2 * c), nn.Linear(2 * c, c)
+        self.register_buffer("bias", torch.randn(tokens, tokens) if shared_bias else torch.randn(heads, tokens, tokens))
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x), self.bias)
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+CASES = {
+    "packed": lambda: PackedQKV(),
+    "packed-indexed-scaled": lambda: PackedQKV(indexed=True, scale=0.3),
+    "separate": lambda: Separate(),
+    "separate-causal-flat": lambda: Separate(causal=True, flat=True),
+    "block-bias": lambda: Block(),
+    "block-shared-bias": lambda: Block(shared_bias=True),
+}
+
+
+def build(name, seed=0):
+    torch.manual_seed(seed)
+    return CASES[name]().eval()
+
+
+def attention_nodes(f):
+    runner = G.runner_of(f)
+    assert runner is not None and runner.num_segments == 1, "the model should be one core graph"
+    return [n for n in runner._spec["nodes"] if n["kind"] == "attention"]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_attention_is_one_node_of_one_graph_fp32(name):
+    model = build(name)
+    x = torch.randn(2, 10, 32 if "separate" not in name else 24)
+    f = qpack.freeze(model, progress=False)
+    nodes = attention_nodes(f)
+    assert len(nodes) == 1
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-5
+        x7 = x[:, :7] if "block" not in name else x  # other token counts (the bias fixes the block's)
+        assert rel_err(f(x7), model(x7)) < 1e-5
+    assert "attention" in (qpack.graph_report(f) or "")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["packed", "separate-causal-flat", "block-bias"])
+def test_int8_attention_node_within_one_quantum_of_its_reference(backend, name):
+    model = build(name, seed=1)
+    c = 32 if "separate" not in name else 24
+    calib = [torch.randn(2, 10, c) for _ in range(3)]
+    f = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False)
+    assert len(attention_nodes(f)) == 1
+    spec = G.runner_of(f)._spec
+    node = next(n for n in spec["nodes"] if n["kind"] == "attention")
+    assert all(spec["values"][v][0] == "u8" for v in node["inputs"] + [node["output"]])
+    x = calib[1]
+    with torch.no_grad():
+        ref, y = per_edge_reference(f, x), f(x)
+        out_s = spec["values"][spec["nodes"][-1]["inputs"][0]][1]
+        assert float((y - ref).abs().max()) <= 2 * out_s + 1e-6
+        assert rel_err(y, model(x)) < 0.1
+
+
+def test_arguments_other_than_the_traced_defaults_run_the_models_forward():
+    """Traced with attn_mask None and is_causal False; a call passing others gets them."""
+    model = build("packed")
+    f = qpack.freeze(model, progress=False)
+    assert len(attention_nodes(f)) == 1 or G.runner_of(f)._gm is not None
+    x = torch.randn(2, 6, 32)
+    mask = torch.randn(2, 4, 6, 6)
+    with torch.no_grad():
+        assert rel_err(f(x, mask), model(x, mask)) < 1e-5
+        assert rel_err(f(x, None, True), model(x, None, True)) < 1e-5
+        assert rel_err(f(x, attn_mask=mask), model(x, attn_mask=mask)) < 1e-5
+        assert rel_err(f(x, None, False), model(x)) < 1e-5
+
+
+class Computed(nn.Module):
+    """A mask computed from the input, and dropout in training: stays PyTorch's call."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = PackedQKV()
+
+    def forward(self, x):
+        return self.inner(x, (x[:, :, :1] * x[:, :, :1].transpose(1, 2) > 0).unsqueeze(1))
+
+
+def test_a_mask_computed_from_the_input_stays_a_pytorch_call():
+    model = Computed().eval()
+    x = torch.randn(2, 6, 32)
+    f = qpack.freeze(model, progress=False)
+    runner = G.runner_of(f)
+    assert runner._gm is not None and "scaled_dot_product_attention" in runner._gm.code
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-5
+
+
+def test_saved_and_loaded_with_threads(tmp_path):
+    model = build("block-bias")
+    f = qpack.freeze(model, progress=False)
+    x = torch.randn(3, 10, 32)
+    path = tmp_path / "block.qpk"
+    qpack.save(f, path)
+    g = qpack.load(path)
+    before = qpack.get_num_threads()
+    try:
+        with torch.no_grad():
+            qpack.set_num_threads(1)
+            one = g(x)
+            qpack.set_num_threads(2)
+            two = g(x)
+    finally:
+        qpack.set_num_threads(before)
+    with torch.no_grad():
+        assert torch.equal(one, two) and rel_err(one, model(x)) < 1e-5
+    buf = io.BytesIO()
+    torch.save(f, buf)
+    buf.seek(0)
+    h = torch.load(buf, weights_only=False)
+    with torch.no_grad():
+        assert rel_err(h(x), model(x)) < 1e-5
+
+
+# ---- the node through the C API: parameters and errors --------------------------------------
+
+def one_node(**params):
+    node = dict(kind="attention", inputs=[0, 0, 0], output=1, heads=2, head_dim=4, offsets=(0, 8, 16), scale=0.5)
+    node.update(params)
+    return _core.GraphHandle([("f32", 0.0, 0), ("f32", 0.0, 0)], [node], [0], [1])
+
+
+def run(g, x):
+    return torch.from_numpy(g.run([x.contiguous().numpy()], ["nchw"], "nchw")[0])
+
+
+def reference(x, heads, d, dv, offsets, scale, mask=None, causal=False):
+    b, n = x.shape[:2]
+
+    def split(at, w):
+        return x[..., at:at + heads * w].reshape(b, n, heads, w).transpose(1, 2)
+    y = F.scaled_dot_product_attention(split(offsets[0], d), split(offsets[1], d), split(offsets[2], dv),
+                                       attn_mask=mask, is_causal=causal, scale=scale)
+    return y.transpose(1, 2).reshape(b, n, heads * dv)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_node_reads_heads_where_they_are(causal):
+    torch.manual_seed(3)
+    x = torch.randn(3, 5, 30)  # q at 2, k at 12, v (3 wide) at 21: rows with more than the heads
+    g = one_node(head_dim=4, value_dim=3, offsets=(2, 12, 21), causal=causal)
+    assert torch.allclose(run(g, x), reference(x, 2, 4, 3, (2, 12, 21), 0.5, causal=causal), atol=2e-6)
+    mask = torch.randn(2, 5, 5)
+    mask[:, :, 0] = float("-inf")
+    g = one_node(mask=mask.numpy())
+    assert torch.allclose(run(g, x[..., :24]), reference(x[..., :24], 2, 4, 4, (0, 8, 16), 0.5, mask), atol=2e-6)
+
+
+def test_bad_parameters_and_inputs_raise_and_leave_the_graph_usable():
+    for bad, what in [(dict(heads=0), "heads"), (dict(head_dim=0), "head dim"), (dict(scale=float("nan")), "scale"),
+                      (dict(offsets=(-1, 0, 0)), "start"), (dict(mask=np.array([np.nan], np.float32)), "NaN"),
+                      (dict(inputs=[0, 0]), "3 input")]:
+        with pytest.raises(_core.InvalidArgumentError, match=what):
+            one_node(**bad)
+    g = one_node()
+    x = torch.randn(2, 5, 24)
+    for wrong in (torch.randn(2, 5, 23), torch.randn(2, 5, 4, 6)):
+        with pytest.raises(_core.InvalidArgumentError, match="attention"):
+            run(g, wrong)
+    with pytest.raises(_core.InvalidArgumentError, match="mask holds 3 values"):
+        run(one_node(mask=np.zeros(3, np.float32)), x)
+    with pytest.raises(_core.InvalidTypeError):
+        _core.GraphHandle([("u8", 0.1, 0), ("f32", 0.0, 0)],
+                          [dict(kind="attention", inputs=[0, 0, 0], output=1, heads=2, head_dim=4)], [0], [1])
+    assert torch.allclose(run(g, x), reference(x, 2, 4, 4, (0, 8, 16), 0.5), atol=2e-6)
