@@ -727,7 +727,7 @@ def trace(model):
             raise
         graph = trace_clean(Tracer(), model, concrete_args=nones)
     else:
-        if _attention_reads_placeholder(graph):
+        if _attention_reads_placeholder(graph, model):
             # a forward's optional mask or is_causal reaching its attention (timm's ViT):
             # traced with their defaults, the attention becomes a core node; calls that
             # pass others run the model's own forward
@@ -744,15 +744,23 @@ def trace(model):
     return gm
 
 
-def _attention_reads_placeholder(graph):
-    """True when a scaled_dot_product_attention call's mask, is_causal or scale is a
-    forward argument (traced as a placeholder)."""
+def _attention_reads_placeholder(graph, model):
+    """True when a scaled_dot_product_attention call's mask, is_causal or scale, or a
+    frozen nn.MultiheadAttention's masks, is a forward argument (traced as a placeholder)."""
     for n in graph.nodes:
-        if n.op == "call_function" and n.target in _SDPA:
+        if (n.op == "call_function" and n.target in _SDPA) or (
+                n.op == "call_module" and isinstance(_submodule(model, n.target), FrozenMultiheadAttention)):
             for a in list(n.args[3:]) + list(n.kwargs.values()):
                 if isinstance(a, torch.fx.Node) and a.op == "placeholder":
                     return True
     return False
+
+
+def _submodule(model, name):
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return None
 
 
 def _defaults_given(args, gm):
@@ -844,6 +852,9 @@ def heads_attention(q, k, v, heads, head_dim, value_dim, offsets, scale, causal=
     ``.view(B, N, H, D).transpose(1, 2)``), scaled_dot_product_attention and the merge
     (``.transpose(1, 2).reshape(B, N, C)``) to; the core runs it as one ``attention``
     node, reading the heads where they are."""
+    if q.dim() == 2:  # one sequence (nn.MultiheadAttention's unbatched call)
+        return heads_attention(q[None], k[None], v[None], heads, head_dim, value_dim, offsets, scale, causal,
+                               mask)[0]
     n, length, s = q.shape[0], q.shape[1], k.shape[1]
 
     def split(t, at, rows, d):
@@ -1697,35 +1708,69 @@ def _head_view(t, modules, shapes):
     t = _through_identity(t, modules)
     chain = []
 
-    def sized(r, n):  # r a view / reshape of a rank-3 value to N, L (or -1), then n ints
+    def linear_width(x):
+        layer = modules.get(x.target) if isinstance(x, torch.fx.Node) and x.op == "call_module" else None
+        return layer.out_features if isinstance(layer, (nn.Linear, FrozenLinear)) else None
+
+    def piece(x):
+        """(whole, offset, width) when x is part i of ``whole.split(w, -1)`` (or of sizes) or
+        of ``whole.chunk(n, -1)``, whole a Linear's rank-3 output (nanoGPT's c_attn);
+        (x, 0, its width or None) otherwise."""
+        p = x.args[0] if x.op == "call_function" and x.target is operator.getitem and len(x.users) == 1 \
+            and isinstance(x.args[1], int) and x.args[1] >= 0 else None
+        split = isinstance(p, torch.fx.Node) and p.target in ("split", torch.split) and len(p.args) >= 2
+        chunk = isinstance(p, torch.fx.Node) and p.target in ("chunk", torch.chunk) and len(p.args) >= 2
+        if not (split or chunk) or _dim_arg(p, 2, "dim", 0) not in (-1, 2) or rank_of(p.args[0]) not in (3, None):
+            return x, 0, linear_width(x)
+        whole, arg, i = p.args[0], p.args[1], x.args[1]
+        total = linear_width(whole)
+        if total is None:
+            return None
+        if chunk:
+            if not isinstance(arg, int) or arg < 1 or total % arg:
+                return None
+            arg = total // arg
+        sections = [arg] * (total // arg) if isinstance(arg, int) and arg >= 1 and total % arg == 0 else arg
+        if not (isinstance(sections, (list, tuple)) and all(isinstance(a, int) for a in sections)
+                and sum(sections) == total and i < len(sections)):
+            return None
+        return whole, sum(sections[:i]), sections[i]
+
+    def sized(r, n):
+        """(x, its n sizes after N and L, the value whose N and L they are, offset, nodes)
+        when r is a view / reshape of a rank-3 value to N, L (or -1) and n sizes; x the
+        value itself or the whole a split / chunk of the last dim took it from."""
         terms = shapes.terms(r) if isinstance(r, torch.fx.Node) else None
         if terms is None or len(terms) != 2 + n:
             return None
         x = r.args[0]
         if not (isinstance(x, torch.fx.Node) and rank_of(x) in (3, None) and len(r.users) == 1):
             return None
+        got = piece(x)
+        if got is None:
+            return None
+        whole, offset, width = got
         sizes = terms[2:]
         unknown = [i for i, a in enumerate(sizes) if not (isinstance(a, int) and a >= 1)]
-        layer = modules.get(x.target) if x.op == "call_module" else None
-        if len(unknown) == 1 and isinstance(layer, (nn.Linear, FrozenLinear)):
+        if len(unknown) == 1 and width is not None:
             # one size the trace computes (C // heads): what the Linear's width leaves
             known = int(np.prod([a for a in sizes if isinstance(a, int) and a >= 1]))
-            if layer.out_features % known:
+            if width % known:
                 return None
             sizes = list(sizes)
-            sizes[unknown[0]] = layer.out_features // known
+            sizes[unknown[0]] = width // known
         elif unknown:
             return None
         d0, d1 = terms[:2]
         if not (isinstance(d0, tuple) and d0[0] == "dim" and d0[2] == 0) or not (
                 d1 == -1 or isinstance(d1, tuple) and d1[0] == "dim" and d1[2] == 1 and d1[1] is d0[1]):
             return None
-        # the sizes are x's own, or those of what a Linear made x of (the same leading dims)
+        # the sizes are the value's own, or those of what a Linear made it of (the same leading dims)
         src = d0[1]
-        if not (src is x or x.op == "call_module" and isinstance(modules.get(x.target), (nn.Linear, FrozenLinear))
-                and x.args[0] is src):
+        if not (src in (x, whole) or linear_width(whole) is not None and whole.args[0] is src):
             return None
-        return x, sizes, src
+        nodes = [x, x.args[0]] if whole is not x else []
+        return whole, sizes, src, offset, nodes
 
     def is_permute(node, dims):
         if not (isinstance(node, torch.fx.Node) and len(node.users) == 1):
@@ -1739,8 +1784,8 @@ def _head_view(t, modules, shapes):
     if is_permute(t, (0, 2, 1, 3)):
         got = sized(t.args[0], 2)
         if got is not None:
-            x, (h, d), src = got
-            return x, 0, h, d, [t, t.args[0]], src
+            x, (h, d), src, offset, nodes = got
+            return x, offset, h, d, [t, t.args[0]] + nodes, src
         return None
     if not (isinstance(t, torch.fx.Node) and t.op == "call_function" and t.target is operator.getitem
             and isinstance(t.args[1], int) and len(t.users) == 1):
@@ -1757,8 +1802,8 @@ def _head_view(t, modules, shapes):
     got = sized(p.args[0], 3)
     if got is None or not 0 <= t.args[1] < got[1][0]:
         return None
-    x, (parts, h, d), src = got
-    return x, t.args[1] * h * d, h, d, chain + [p, p.args[0]], src
+    x, (parts, h, d), src, offset, nodes = got
+    return x, offset + t.args[1] * h * d, h, d, chain + [p, p.args[0]] + nodes, src
 
 
 def _heads_attention(node, gm, modules, shapes):
@@ -1815,6 +1860,29 @@ def _heads_attention(node, gm, modules, shapes):
     return r, args, replaced
 
 
+_MHA_ARGS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
+             "is_causal")
+
+
+def _self_attention_call(node, modules):
+    """(x, module) when node calls a frozen nn.MultiheadAttention (batch_first) on one
+    value for query, key and value without masks, only its output read; else None."""
+    m = modules.get(node.target) if node.op == "call_module" else None
+    if not isinstance(m, FrozenMultiheadAttention) or not m.batch_first:
+        return None
+    kw = dict(zip(_MHA_ARGS, node.args))
+    kw.update(node.kwargs)
+    x = kw.get("query")
+    if not (isinstance(x, torch.fx.Node) and kw.get("key") is x and kw.get("value") is x
+            and kw.get("key_padding_mask") is None and kw.get("attn_mask") is None
+            and kw.get("is_causal", False) in (False, None) and set(kw) <= set(_MHA_ARGS)):
+        return None
+    if not all(u.op == "call_function" and u.target is operator.getitem and u.args[1] in (0, 1)
+               and (u.args[1] == 0 or not u.users) for u in node.users):
+        return None
+    return x, m
+
+
 def canonicalize(gm):
     """Rewrites shape spellings in a trace to ops the core runs, in place, and
     records each value's rank where its ops tell it (node.meta["qpack_rank"]):
@@ -1847,6 +1915,26 @@ def canonicalize(gm):
 
     for node in list(g.nodes):
         if node in erased:
+            continue
+        if (sa := _self_attention_call(node, modules)) is not None:
+            # a frozen nn.MultiheadAttention on one value: its projections and the core's
+            # attention over the packed q, k, v (torchvision's ViT, nn.TransformerEncoderLayer)
+            x, m = sa
+            e, h = m.embed_dim, m.num_heads
+            with g.inserting_before(node):
+                qkv = g.call_module(f"{node.target}.in_proj", (x,))
+                att = g.call_function(heads_attention, (qkv, qkv, qkv, h, e // h, e // h, (0, e, 2 * e),
+                                                        float((e // h) ** -0.5), False, None))
+                out = g.call_module(f"{node.target}.out_proj", (att,))
+            for new in (qkv, att, out):
+                new.meta["qpack_rank"] = rank_of(x)
+            for u in list(node.users):
+                if u.args[1] == 0:
+                    u.replace_all_uses_with(out)
+                g.erase_node(u)
+                erased.add(u)
+            g.erase_node(node)
+            erased.add(node)
             continue
         if node.op == "call_function" and node.target in _SDPA:
             att = _heads_attention(node, gm, modules, shapes)
@@ -2042,8 +2130,10 @@ def canonicalize(gm):
         mean = _mean_dims(node)
         if mean is not None:
             node.args, node.kwargs = (mean[0], mean[1], mean[2]), {}
-        node.meta["qpack_rank"] = _rank(node, modules) if node.op != "call_function" or \
-            node.target is not channel_part else rank_of(node.args[0])
+        # (a constant's rank is its tensor's: torchvision ViT's position embedding)
+        node.meta["qpack_rank"] = (t.dim() if isinstance(t := _attr_tensor(gm, node), torch.Tensor)
+                                   else _rank(node, modules) if node.op != "call_function" or
+                                   node.target is not channel_part else rank_of(node.args[0]))
         node.meta["qpack_unit"] = _unit_dims(node, modules)
         node.meta["qpack_channels"] = _channels(node, modules)
         batch = _batch(node, modules)

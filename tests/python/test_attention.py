@@ -113,18 +113,22 @@ class Block(nn.Module):
 
 
 def test_block_fp32_and_int8_graphs():
-    """In a traced model the attention runs between core graphs; an int8 freeze packs its
-    projections int8 (dynamic) beside the calibrated graphs."""
+    """In a traced model a self-attention call is the core's graph: its projections and an
+    attention node, one graph for the blocks; an int8 freeze calibrates them with the
+    rest (static int8 projections in the u8 graph)."""
+    from qpack.torch.graph import runner_of
     torch.manual_seed(3)
     m = nn.Sequential(Block(), Block()).eval()
     x = torch.randn(2, 10, E)
     f = qpack.freeze(m)
     assert all(isinstance(b.attn, FrozenMultiheadAttention) for b in f)
+    runner = runner_of(f)
+    assert runner._gm is None and [n["kind"] for n in runner._spec["nodes"]].count("attention") == 2
     with torch.no_grad():
         ref = m(x)
         assert close(f(x), ref, 1e-5)
     fi = qpack.freeze(m, dtype="int8", example_inputs=[torch.randn(2, 10, E) for _ in range(2)], progress=False)
-    assert all(b.attn.in_proj.mode == "int8_dynamic" and b.attn.out_proj.mode == "int8_dynamic" for b in fi)
+    assert all(b.attn.in_proj.mode == "int8_static" and b.attn.out_proj.mode == "int8_static" for b in fi)
     with torch.no_grad():
         err = ((fi(x) - ref).norm() / ref.norm()).item()
     assert err < 0.05, err

@@ -1,6 +1,6 @@
 """Multi-head attention as one node of the core's graph (QPACK_NODE_ATTENTION): a split
 into heads (timm's packed qkv reshape / permute / unbind, separate projections viewed
-and transposed), scaled_dot_product_attention and the merge back into rows are one
+and transposed, nanoGPT's split of one projection), scaled_dot_product_attention and the merge back into rows are one
 ``attention`` node reading the heads where they are, so a transformer block is one
 graph, fp32 and int8. PyTorch's own modules and F.scaled_dot_product_attention are the
 oracle; the int8 node is checked against the per-edge reference."""
@@ -63,6 +63,24 @@ class Separate(nn.Module):
         return self.proj(y.permute(0, 2, 1, 3).contiguous().view(b, n, self.heads * self.dv))
 
 
+class NanoGPT(nn.Module):
+    """nanoGPT's CausalSelfAttention: one c_attn Linear split (or chunked) along the last
+    dim into q, k and v, each ``view(B, T, H, C // H).transpose(1, 2)``, causal."""
+
+    def __init__(self, c=32, heads=4, chunk=False):
+        super().__init__()
+        self.c_attn, self.c_proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
+        self.heads, self.c, self.chunk = heads, c, chunk
+
+    def forward(self, x):
+        b, t, c = x.size()
+        qkv = self.c_attn(x)
+        q, k, v = qkv.chunk(3, dim=-1) if self.chunk else qkv.split(self.c, dim=2)
+        q, k, v = (a.view(b, t, self.heads, c // self.heads).transpose(1, 2) for a in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
 class Block(nn.Module):
     """A pre-norm transformer block whose attention adds a constant position bias
     ([H, N, N] buffer, or [N, N] shared by the heads) as its mask."""
@@ -84,6 +102,8 @@ CASES = {
     "packed-indexed-scaled": lambda: PackedQKV(indexed=True, scale=0.3),
     "separate": lambda: Separate(),
     "separate-causal-flat": lambda: Separate(causal=True, flat=True),
+    "nanogpt": lambda: NanoGPT(),
+    "nanogpt-chunk": lambda: NanoGPT(chunk=True),
     "block-bias": lambda: Block(),
     "block-shared-bias": lambda: Block(shared_bias=True),
 }
@@ -115,7 +135,7 @@ def test_attention_is_one_node_of_one_graph_fp32(name):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", ["packed", "separate-causal-flat", "block-bias"])
+@pytest.mark.parametrize("name", ["packed", "separate-causal-flat", "nanogpt", "block-bias"])
 def test_int8_attention_node_within_one_quantum_of_its_reference(backend, name):
     model = build(name, seed=1)
     c = 32 if "separate" not in name else 24
@@ -245,3 +265,34 @@ def test_bad_parameters_and_inputs_raise_and_leave_the_graph_usable():
         _core.GraphHandle([("u8", 0.1, 0), ("f32", 0.0, 0)],
                           [dict(kind="attention", inputs=[0, 0, 0], output=1, heads=2, head_dim=4)], [0], [1])
     assert torch.allclose(run(g, x), reference(x, 2, 4, 4, (0, 8, 16), 0.5), atol=2e-6)
+
+
+class MHABlock(nn.Module):
+    """nn.MultiheadAttention on one value, as torchvision's ViT calls it."""
+
+    def __init__(self, batch_first=True):
+        super().__init__()
+        self.norm = nn.LayerNorm(32)
+        self.attn = nn.MultiheadAttention(32, 4, batch_first=batch_first)
+
+    def forward(self, x):
+        y = self.norm(x)
+        return x + self.attn(y, y, y, need_weights=False)[0]
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_self_attention_is_its_projections_and_a_node(batch_first):
+    """batch_first self-attention without masks: in_proj, an attention node, out_proj in
+    the graph; [L, N, E] inputs keep the module's own call; an unbatched [L, E] input
+    runs PyTorch's way (the core's node takes rank 3). Eager's values each time."""
+    torch.manual_seed(5)
+    model = MHABlock(batch_first).eval()
+    f = qpack.freeze(model, progress=False)
+    runner = G.runner_of(f)
+    kinds = [n["kind"] for seg in (runner._segments if runner is not None else []) for n in seg.spec["nodes"]]
+    assert ("attention" in kinds) == batch_first and kinds.count("linear") == (2 if batch_first else 0)
+    x = torch.randn(3, 7, 32)
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-5
+        if batch_first:
+            assert rel_err(f(x[0]), model(x[0])) < 1e-5
