@@ -68,7 +68,8 @@ cdef class GraphHandle:
     channels of a rank-4 value); resize_nearest /
     resize_bilinear: size=(h, w) or scale=(h, w) (or a second input whose H, W
     are taken), align_corners (bilinear); attention: heads, head_dim, value_dim (head_dim when
-    absent), offsets=(q, k, v) (where each starts in its input's rows), scale, causal, mask
+    absent), offsets=(q, k, v) (where each starts in its input's rows), head_strides=(q and k,
+    v) (from one head to the next: head_dim, value_dim when absent), scale, causal, mask
     ([L, S] or [H, L, S] floats, added to the scaled scores)."""
     cdef qpack_graph* _h
     cdef readonly int num_inputs
@@ -139,7 +140,8 @@ cdef class GraphHandle:
                     cn[i].kernel_h, cn[i].kernel_w = n["heads"], d
                     cn[i].stride_h, cn[i].stride_w = n.get("value_dim", d), 1
                     cn[i].pad_top, cn[i].pad_left, cn[i].pad_bottom = n.get("offsets", (0, 0, 0))
-                    cn[i].pad_right = 0
+                    # where each next head starts: q's and k's (stride_w), v's (pad_right)
+                    cn[i].stride_w, cn[i].pad_right = n.get("head_strides", (d, n.get("value_dim", d)))
                     cn[i].act_min = n["scale"] if "scale" in n else 1.0 / d ** 0.5 if d > 0 else 1.0
                     cn[i].ceil_mode = bool(n.get("causal", False))
                     if n.get("mask") is not None:

@@ -444,7 +444,8 @@ class _Lowering:
             self.emit_checked(node, "transpose", [node.args[0]])
             return
         if node.op == "call_function" and node.target is heads_attention:
-            q, k, v, heads, d, dv, offsets, scale, causal, mask = node.args
+            q, k, v, heads, d, dv, offsets, scale, causal, mask = node.args[:10]
+            strides = node.args[10] if len(node.args) > 10 else (d, dv)
             if mask is not None:
                 t = _attr_tensor(self.gm, mask)
                 if t is None or t.dtype != torch.float32 or t.dim() > 4 or any(n != 1 for n in t.shape[:-3]):
@@ -456,7 +457,8 @@ class _Lowering:
                     raise Unsupported("an attention mask of other heads than the attention's")
                 mask = t.detach().contiguous().numpy().copy()
             self.emit_checked(node, "attention", [q, k, v], heads=heads, head_dim=d, value_dim=dv,
-                              offsets=tuple(offsets), scale=scale, causal=causal, mask=mask)
+                              offsets=tuple(offsets), scale=scale, causal=causal, mask=mask,
+                              head_strides=tuple(strides))
             return
         if node.op == "call_function" and node.target is blocks_to_space:
             x, kh, kw = node.args
@@ -843,7 +845,7 @@ def channel_scale(x, scale):
     return x * scale.reshape(1, -1, 1, 1)
 
 
-def heads_attention(q, k, v, heads, head_dim, value_dim, offsets, scale, causal=False, mask=None):
+def heads_attention(q, k, v, heads, head_dim, value_dim, offsets, scale, causal=False, mask=None, strides=None):
     """Multi-head attention over rank-3 values of rows: head h of the query is
     ``q[..., offsets[0] + h * head_dim:][:head_dim]``, of the key ``k``'s from
     offsets[1], of the value ``v``'s of value_dim from offsets[2]; the heads' outputs
@@ -851,17 +853,21 @@ def heads_attention(q, k, v, heads, head_dim, value_dim, offsets, scale, causal=
     heads (timm's ``qkv(x).reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)``,
     ``.view(B, N, H, D).transpose(1, 2)``), scaled_dot_product_attention and the merge
     (``.transpose(1, 2).reshape(B, N, C)``) to; the core runs it as one ``attention``
-    node, reading the heads where they are."""
+    node, reading the heads where they are. ``strides``: (q's and k's, v's) distance from
+    one head to the next where it is not the head's width (LeViT's heads in groups)."""
     if q.dim() == 2:  # one sequence (nn.MultiheadAttention's unbatched call)
         return heads_attention(q[None], k[None], v[None], heads, head_dim, value_dim, offsets, scale, causal,
-                               mask)[0]
+                               mask, strides)[0]
     n, length, s = q.shape[0], q.shape[1], k.shape[1]
+    qk_stride, v_stride = strides or (head_dim, value_dim)
 
-    def split(t, at, rows, d):
-        return t[..., at:at + heads * d].reshape(n, rows, heads, d).transpose(1, 2)
+    def split(t, at, rows, d, step):
+        if step == d:
+            return t[..., at:at + heads * d].reshape(n, rows, heads, d).transpose(1, 2)
+        return torch.stack([t[..., at + i * step:at + i * step + d] for i in range(heads)], 1)
     out = _attention.scaled_dot_product_attention(
-        split(q, offsets[0], length, head_dim), split(k, offsets[1], s, head_dim), split(v, offsets[2], s, value_dim),
-        attn_mask=mask, is_causal=causal, scale=scale)
+        split(q, offsets[0], length, head_dim, qk_stride), split(k, offsets[1], s, head_dim, qk_stride),
+        split(v, offsets[2], s, value_dim, v_stride), attn_mask=mask, is_causal=causal, scale=scale)
     return out.transpose(1, 2).reshape(n, length, heads * value_dim)
 
 
@@ -1700,17 +1706,27 @@ def _through_identity(t, modules):
 
 
 def _head_view(t, modules, shapes):
-    """(x, offset, heads, head_dim, nodes, sizes' source) when fx node t is one head split of
-    a rank-3 value x [N, L, C] read by nothing else (N and L x's sizes or those of the
-    value a Linear made x of): ``x.view(N, L, H, D).transpose(1, 2)``
-    (or ``permute(0, 2, 1, 3)``; offset 0), or part i of ``x.reshape(N, L, P, H, D)
-    .permute(2, 0, 3, 1, 4)`` (``.unbind(0)[i]`` or ``[i]``; offset i H D); else None."""
+    """(x, offset, heads, head_dim, nodes, sizes' source, head stride) when fx node t is one
+    head split of a rank-3 value x [N, L, C] read by nothing else (N and L x's sizes or those
+    of the value a Linear made x of): ``x.view(N, L, H, D).transpose(1, 2)`` (or
+    ``permute(0, 2, 1, 3)``; offset 0), part j of each head's group ``x.view(N, L, H, G)
+    .split(sizes, dim=3)[j]`` so permuted (LeViT: head stride G; k as ``permute(0, 2, 3, 1)``
+    transposed back), or part i of ``x.reshape(N, L, P, H, D).permute(2, 0, 3, 1, 4)``
+    (``.unbind(0)[i]`` or ``[i]``; offset i H D); else None."""
     t = _through_identity(t, modules)
     chain = []
 
-    def linear_width(x):
+    def linear_of(x):
+        """The Linear's call x is, or x's through affines over the last dim (LeViT's
+        LinearNorm: a Linear, then its token BatchNorm), else None."""
+        while isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target is last_dim_affine:
+            x = x.args[0]
         layer = modules.get(x.target) if isinstance(x, torch.fx.Node) and x.op == "call_module" else None
-        return layer.out_features if isinstance(layer, (nn.Linear, FrozenLinear)) else None
+        return x if isinstance(layer, (nn.Linear, FrozenLinear)) else None
+
+    def linear_width(x):
+        lin = linear_of(x)
+        return None if lin is None else modules[lin.target].out_features
 
     def piece(x):
         """(whole, offset, width) when x is part i of ``whole.split(w, -1)`` (or of sizes) or
@@ -1767,7 +1783,7 @@ def _head_view(t, modules, shapes):
             return None
         # the sizes are the value's own, or those of what a Linear made it of (the same leading dims)
         src = d0[1]
-        if not (src in (x, whole) or linear_width(whole) is not None and whole.args[0] is src):
+        if not (src in (x, whole) or linear_of(whole) is not None and linear_of(whole).args[0] is src):
             return None
         nodes = [x, x.args[0]] if whole is not x else []
         return whole, sizes, src, offset, nodes
@@ -1781,12 +1797,31 @@ def _head_view(t, modules, shapes):
             return sorted(_norm_dim(a, 4) for a in node.args[1:]) == [1, 2]
         return False
 
-    if is_permute(t, (0, 2, 1, 3)):
-        got = sized(t.args[0], 2)
-        if got is not None:
-            x, (h, d), src, offset, nodes = got
-            return x, offset, h, d, [t, t.args[0]] + nodes, src
-        return None
+    head = [t]
+    if (isinstance(t, torch.fx.Node) and t.op == "call_method" and t.target == "transpose" and len(t.args) == 3
+            and len(t.users) == 1 and sorted(_norm_dim(a, 4) for a in t.args[1:]) == [2, 3]
+            and is_permute(t.args[0], (0, 2, 3, 1))):
+        head.append(t.args[0])  # k^T's transpose: LeViT's k.permute(0, 2, 3, 1), transposed back
+    elif not is_permute(t, (0, 2, 1, 3)):
+        head = None
+    if head is not None:
+        v = head[-1].args[0]
+        part, at, width = None, 0, None
+        p = v.args[0] if (v.op == "call_function" and v.target is operator.getitem and len(v.users) == 1
+                          and isinstance(v.args[1], int) and v.args[1] >= 0) else None
+        if isinstance(p, torch.fx.Node) and p.target in ("split", torch.split) and len(p.args) >= 2 \
+                and _dim_arg(p, 2, "dim", 0) in (-1, 3) and isinstance(p.args[1], (list, tuple)) \
+                and all(isinstance(a, int) and a >= 1 for a in p.args[1]) and v.args[1] < len(p.args[1]):
+            # part i of each head's group (LeViT's view(B, N, H, -1).split([kd, kd, vd], dim=3))
+            part, at, width = [v, p], sum(p.args[1][:v.args[1]]), p.args[1][v.args[1]]
+            v = p.args[0]
+        got = sized(v, 2)
+        if got is None or part is not None and got[1][1] != sum(p.args[1]):
+            return None
+        x, (h, d), src, offset, nodes = got
+        if part is None:
+            return x, offset, h, d, head + [v] + nodes, src, d
+        return x, offset + at, h, width, head + part + [v] + nodes, src, d
     if not (isinstance(t, torch.fx.Node) and t.op == "call_function" and t.target is operator.getitem
             and isinstance(t.args[1], int) and len(t.users) == 1):
         return None
@@ -1803,7 +1838,7 @@ def _head_view(t, modules, shapes):
     if got is None or not 0 <= t.args[1] < got[1][0]:
         return None
     x, (parts, h, d), src, offset, nodes = got
-    return x, offset + t.args[1] * h * d, h, d, chain + [p, p.args[0]] + nodes, src
+    return x, offset + t.args[1] * h * d, h, d, chain + [p, p.args[0]] + nodes, src, d
 
 
 def _heads_attention(node, gm, modules, shapes):
@@ -1825,7 +1860,7 @@ def _heads_attention(node, gm, modules, shapes):
         return None
     views = [_head_view(a, modules, shapes) for a in node.args[:3]]
     if any(v is None for v in views) or views[0][2] != views[1][2] or views[0][2] != views[2][2] \
-            or views[0][3] != views[1][3]:
+            or views[0][3] != views[1][3] or views[0][6] != views[1][6]:
         return None
     t = next(iter(node.users))
     if not (t.op == "call_method" and (t.target == "transpose" and len(t.args) == 3 and sorted(
@@ -1852,6 +1887,8 @@ def _heads_attention(node, gm, modules, shapes):
     scale = kw.get("scale")
     args = (views[0][0], views[1][0], views[2][0], heads, d, dv, (views[0][1], views[1][1], views[2][1]),
             float(d ** -0.5 if scale is None else scale), kw.get("is_causal", False), mask)
+    if views[0][6] != d or views[2][6] != dv:  # heads in groups (LeViT's): where each next one starts
+        args += ((views[0][6], views[2][6]),)
     replaced = dead + [n for v in views for n in v[4]]
     for a in node.args[:3]:  # the Identity modules passed through
         while a not in replaced and isinstance(a, torch.fx.Node) and a.op == "call_module":
@@ -1913,6 +1950,21 @@ def canonicalize(gm):
         erased.add(old)
         return new
 
+    def heads(node):
+        """An attention call between a split into heads and their merge -> one
+        heads_attention on the rows (True), else False."""
+        att = _heads_attention(node, gm, modules, shapes)
+        if att is None:
+            return False
+        merge, args, dead = att
+        replace(merge, heads_attention, args).meta["qpack_rank"] = 3
+        while any(d not in erased and not d.users for d in dead):
+            for d in dead:
+                if d not in erased and not d.users:
+                    g.erase_node(d)
+                    erased.add(d)
+        return True
+
     for node in list(g.nodes):
         if node in erased:
             continue
@@ -1937,19 +1989,8 @@ def canonicalize(gm):
             erased.add(node)
             continue
         if node.op == "call_function" and node.target in _SDPA:
-            att = _heads_attention(node, gm, modules, shapes)
-            if att is not None:
-                # split into heads, attention, merged back: one heads_attention on the rows
-                merge, args, dead = att
-                new = replace(merge, heads_attention, args)
-                new.meta["qpack_rank"] = 3
-                while any(d not in erased and not d.users for d in dead):
-                    for d in dead:
-                        if d not in erased and not d.users:
-                            g.erase_node(d)
-                            erased.add(d)
-                continue
-            node.target = _attention.scaled_dot_product_attention
+            if not heads(node):
+                node.target = _attention.scaled_dot_product_attention
             continue
         if (att := _explicit_attention(node)) is not None:
             # one call of the core's attention (with the bias as its mask) for the ops spelled out
@@ -1962,6 +2003,7 @@ def canonicalize(gm):
             for d in dead[1:]:
                 g.erase_node(d)
                 erased.add(d)
+            heads(new)
             continue
         if node.op in ("call_method", "call_function") and node.args and isinstance(node.args[0], torch.fx.Node) \
                 and node.args[0].op == "get_attr" and (t := _constant_view(gm, node)) is not None:
@@ -2188,7 +2230,7 @@ def _constant_attr(node, gm=None):
             return True
         if u.target in (F.batch_norm, F.layer_norm, F.group_norm, layer_norm2d, channel_scale, last_dim_affine):
             return not u.args or u.args[0] is not node
-        return u.target is heads_attention and u.args[-1] is node and node not in u.args[:3]
+        return u.target is heads_attention and len(u.args) > 9 and u.args[9] is node and node not in u.args[:3]
     return node.op == "get_attr" and bool(node.users) and all(
         reads_as_constant(u) or (gm is not None and constant_operand(u))
         for u in node.users)

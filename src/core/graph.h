@@ -50,7 +50,8 @@ struct GraphNode {
   float act_min = 0, act_max = 0;  // CLAMP bounds; LEAKY_RELU: act_min = negative slope; LAYER_NORM: eps
   // AFFINE, LAYER_NORM: per channel; PRELU: affine_scale = slopes (1 or C); ATTENTION:
   // affine_scale = the mask ([L][S] or [H][L][S]) or empty; kernel = {H, D}, stride[0] = Dv,
-  // pad[0..2] = where q, k and v start in their inputs' rows, act_min = scale, ceil_mode = causal
+  // pad[0..2] = where q, k and v start in their inputs' rows, stride[1] / pad[3] = from one q / k
+  // head to the next and one v head to the next (0: D / Dv), act_min = scale, ceil_mode = causal
   std::vector<float> affine_scale, affine_shift;
   std::vector<uint8_t> lut;  // u8 ACTIVATION: output for each input byte
   std::shared_ptr<const GraphOp> backend_op;  // u8 node on the graph's backend's own operator

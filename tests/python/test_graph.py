@@ -295,16 +295,18 @@ def per_edge_reference(f, x):
             r = F.layer_norm(a.movedim(dim, -1), (w.numel(),), w, b, n["eps"]).movedim(-1, dim)
         elif k == "attention":
             h, dq, dv, at = n["heads"], n["head_dim"], n.get("value_dim", n["head_dim"]), n["offsets"]
+            step = n.get("head_strides", (dq, dv))
             q, kk, v = (d(i) for i in ins)
 
-            def heads(t, start, w):
-                return t[..., start:start + h * w].reshape(t.shape[0], t.shape[1], h, w).transpose(1, 2)
+            def heads(t, start, w, s):  # head i: t[..., start + i s:][:w]
+                return torch.stack([t[..., start + i * s:start + i * s + w] for i in range(h)], 1)
             mask = None if n.get("mask") is None else torch.as_tensor(n["mask"])
-            r = F.scaled_dot_product_attention(heads(q, at[0], dq), heads(kk, at[1], dq), heads(v, at[2], dv),
-                                               attn_mask=mask, is_causal=n.get("causal", False), scale=n["scale"])
+            r = F.scaled_dot_product_attention(heads(q, at[0], dq, step[0]), heads(kk, at[1], dq, step[0]),
+                                               heads(v, at[2], dv, step[1]), attn_mask=mask,
+                                               is_causal=n.get("causal", False), scale=n["scale"])
             r = r.transpose(1, 2).flatten(2)
         elif k == "affine":
-            sh = (1, -1) + (1,) * (a.dim() - 2)
+            sh = (-1,) if n.get("dim", 1) == -1 else (1, -1) + (1,) * (a.dim() - 2)
             r = a * torch.as_tensor(n["scale"]).reshape(sh) + torch.as_tensor(n["shift"]).reshape(sh)
         else:
             raise AssertionError(k)

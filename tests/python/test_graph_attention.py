@@ -81,6 +81,34 @@ class NanoGPT(nn.Module):
         return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
 
 
+class Grouped(nn.Module):
+    """LeViT's attention: each head's q, k, v side by side in the projection
+    (``view(B, N, H, -1).split([kd, kd, vd], dim=3)``), k permuted to [B, H, D, N], spelled
+    out with a bias table as the mask, the projection's BatchNorm over its tokens after it."""
+
+    def __init__(self, c=32, heads=4, kd=6, vd=10, tokens=10):
+        super().__init__()
+        self.embed = nn.Conv1d(c, c, 1)  # tokens from a convolution, as LeViT's stem makes them
+        self.qkv = nn.Linear(c, heads * (2 * kd + vd))
+        self.bn = nn.BatchNorm1d(heads * (2 * kd + vd))
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 2.0)
+        self.proj = nn.Linear(heads * vd, c)
+        self.register_buffer("bias", torch.randn(heads, tokens, tokens))
+        self.heads, self.kd, self.vd, self.scale = heads, kd, vd, kd ** -0.5
+
+    def forward(self, x):
+        x = self.embed(x.transpose(1, 2)).transpose(1, 2)
+        b, n, c = x.shape
+        t = self.qkv(x)
+        t = self.bn(t.flatten(0, 1)).reshape_as(t)
+        q, k, v = t.view(b, n, self.heads, -1).split([self.kd, self.kd, self.vd], dim=3)
+        q, k, v = q.permute(0, 2, 1, 3), k.permute(0, 2, 3, 1), v.permute(0, 2, 1, 3)
+        attn = (q @ k * self.scale + self.bias).softmax(dim=-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(b, n, self.heads * self.vd))
+
+
 class Block(nn.Module):
     """A pre-norm transformer block whose attention adds a constant position bias
     ([H, N, N] buffer, or [N, N] shared by the heads) as its mask."""
@@ -104,6 +132,7 @@ CASES = {
     "separate-causal-flat": lambda: Separate(causal=True, flat=True),
     "nanogpt": lambda: NanoGPT(),
     "nanogpt-chunk": lambda: NanoGPT(chunk=True),
+    "grouped": lambda: Grouped(),
     "block-bias": lambda: Block(),
     "block-shared-bias": lambda: Block(shared_bias=True),
 }
@@ -129,13 +158,13 @@ def test_attention_is_one_node_of_one_graph_fp32(name):
     assert len(nodes) == 1
     with torch.no_grad():
         assert rel_err(f(x), model(x)) < 1e-5
-        x7 = x[:, :7] if "block" not in name else x  # other token counts (the bias fixes the block's)
+        x7 = x[:, :7] if "block" not in name and name != "grouped" else x  # other token counts (a bias fixes them)
         assert rel_err(f(x7), model(x7)) < 1e-5
     assert "attention" in (qpack.graph_report(f) or "")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", ["packed", "separate-causal-flat", "nanogpt", "block-bias"])
+@pytest.mark.parametrize("name", ["packed", "separate-causal-flat", "nanogpt", "grouped", "block-bias"])
 def test_int8_attention_node_within_one_quantum_of_its_reference(backend, name):
     model = build(name, seed=1)
     c = 32 if "separate" not in name else 24
@@ -146,8 +175,9 @@ def test_int8_attention_node_within_one_quantum_of_its_reference(backend, name):
     node = next(n for n in spec["nodes"] if n["kind"] == "attention")
     assert all(spec["values"][v][0] == "u8" for v in node["inputs"] + [node["output"]])
     x = calib[1]
+    graph_input = x.transpose(1, 2) if name == "grouped" else x  # (its first transpose runs in PyTorch)
     with torch.no_grad():
-        ref, y = per_edge_reference(f, x), f(x)
+        ref, y = per_edge_reference(f, graph_input), f(x)
         out_s = spec["values"][spec["nodes"][-1]["inputs"][0]][1]
         assert float((y - ref).abs().max()) <= 2 * out_s + 1e-6
         assert rel_err(y, model(x)) < 0.1
@@ -242,6 +272,13 @@ def test_the_node_reads_heads_where_they_are(causal):
     x = torch.randn(3, 5, 30)  # q at 2, k at 12, v (3 wide) at 21: rows with more than the heads
     g = one_node(head_dim=4, value_dim=3, offsets=(2, 12, 21), causal=causal)
     assert torch.allclose(run(g, x), reference(x, 2, 4, 3, (2, 12, 21), 0.5, causal=causal), atol=2e-6)
+    # heads in groups (LeViT's): q and k heads 10 apart, v heads 7 apart
+    g = one_node(head_dim=3, value_dim=2, offsets=(0, 3, 6), head_strides=(10, 7), causal=causal)
+    q = torch.stack([x[..., i * 10:i * 10 + 3] for i in range(2)], 1)
+    k = torch.stack([x[..., 3 + i * 10:3 + i * 10 + 3] for i in range(2)], 1)
+    v = torch.stack([x[..., 6 + i * 7:6 + i * 7 + 2] for i in range(2)], 1)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.5).transpose(1, 2).flatten(2)
+    assert torch.allclose(run(g, x), want, atol=2e-6)
     mask = torch.randn(2, 5, 5)
     mask[:, :, 0] = float("-inf")
     g = one_node(mask=mask.numpy())
@@ -251,6 +288,7 @@ def test_the_node_reads_heads_where_they_are(causal):
 def test_bad_parameters_and_inputs_raise_and_leave_the_graph_usable():
     for bad, what in [(dict(heads=0), "heads"), (dict(head_dim=0), "head dim"), (dict(scale=float("nan")), "scale"),
                       (dict(offsets=(-1, 0, 0)), "start"), (dict(mask=np.array([np.nan], np.float32)), "NaN"),
+                      (dict(head_strides=(-1, 4)), "head strides"),
                       (dict(inputs=[0, 0]), "3 input")]:
         with pytest.raises(_core.InvalidArgumentError, match=what):
             one_node(**bad)

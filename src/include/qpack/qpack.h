@@ -502,7 +502,10 @@ typedef enum qpack_node_kind {
                                     kernel_h = heads H, kernel_w = head dim D of q and k,
                                     stride_h = head dim Dv of v; head h of q is last-dim elements
                                     [pad_top + h D, pad_top + (h + 1) D), of k from pad_left, of v
-                                    from pad_bottom. y [N, L, H Dv], head h at [h Dv, (h + 1) Dv):
+                                    from pad_bottom; with stride_w > 0 q's and k's heads start
+                                    stride_w apart (not D: heads in groups, LeViT's), with
+                                    pad_right > 0 v's pad_right apart (not Dv).
+                                    y [N, L, H Dv], head h at [h Dv, (h + 1) Dv):
                                     softmax(act_min q k^T + mask) v (act_min: the scale), with
                                     ceil_mode = 1 row i sees keys j <= i (is_causal). mask:
                                     `channels` floats at affine_scale, [L][S] for every head or
