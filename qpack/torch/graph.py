@@ -1667,9 +1667,10 @@ def _explicit_attention(node):
     x = p.args[0]
     dim = _dim_arg(p, 1, "dim")
     if not ((p.op == "call_method" and p.target == "softmax") or (
-            p.op == "call_function" and p.target in (F.softmax, torch.softmax))) or set(p.kwargs) - {"dim"} \
+            p.op == "call_function" and p.target in (F.softmax, torch.softmax))) \
+            or set(p.kwargs) - {"dim", "_stacklevel", "dtype"} or p.kwargs.get("dtype") is not None \
             or len(p.args) > 2 or not (dim == -1 or (dim is not None and dim == (rank_of(x) or 0) - 1)):
-        return None
+        return None  # (F.softmax's _stacklevel only picks a warning's frame)
     replaced, mask = [node, p], None
     if (isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target in (operator.add, torch.add)
             and len(x.args) == 2 and not x.kwargs and len(x.users) == 1):
@@ -1715,6 +1716,15 @@ def _head_view(t, modules, shapes):
     (``.unbind(0)[i]`` or ``[i]``; offset i H D); else None."""
     t = _through_identity(t, modules)
     chain = []
+
+    def swaps_last_two(n):
+        return (isinstance(n, torch.fx.Node) and n.op == "call_method" and n.target == "transpose"
+                and len(n.args) == 3 and len(n.users) == 1 and sorted(_norm_dim(a, 4) for a in n.args[1:]) == [2, 3])
+
+    while swaps_last_two(t) and swaps_last_two(t.args[0]):
+        # k transposed for q @ k^T and back by the spelled-out attention's rewrite
+        chain += [t, t.args[0]]
+        t = t.args[0].args[0]
 
     def linear_of(x):
         """The Linear's call x is, or x's through affines over the last dim (LeViT's
@@ -1797,10 +1807,8 @@ def _head_view(t, modules, shapes):
             return sorted(_norm_dim(a, 4) for a in node.args[1:]) == [1, 2]
         return False
 
-    head = [t]
-    if (isinstance(t, torch.fx.Node) and t.op == "call_method" and t.target == "transpose" and len(t.args) == 3
-            and len(t.users) == 1 and sorted(_norm_dim(a, 4) for a in t.args[1:]) == [2, 3]
-            and is_permute(t.args[0], (0, 2, 3, 1))):
+    head = chain + [t]
+    if swaps_last_two(t) and is_permute(t.args[0], (0, 2, 3, 1)):
         head.append(t.args[0])  # k^T's transpose: LeViT's k.permute(0, 2, 3, 1), transposed back
     elif not is_permute(t, (0, 2, 1, 3)):
         head = None

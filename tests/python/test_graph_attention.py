@@ -5,6 +5,7 @@ and transposed, nanoGPT's split of one projection), scaled_dot_product_attention
 graph, fp32 and int8. PyTorch's own modules and F.scaled_dot_product_attention are the
 oracle; the int8 node is checked against the per-edge reference."""
 import io
+import math
 
 import numpy as np
 import pytest
@@ -109,6 +110,27 @@ class Grouped(nn.Module):
         return self.proj((attn @ v).transpose(1, 2).reshape(b, n, self.heads * self.vd))
 
 
+class HandWritten(nn.Module):
+    """Attention as people write it by hand: ``(q @ k.transpose(-2, -1)) * scale`` then
+    ``.softmax(dim=-1)`` and ``@ v`` (``hf``: transformers' older spelling, ``torch.matmul``,
+    ``/ math.sqrt(d)``, ``F.softmax``, ``permute(0, 2, 1, 3).contiguous().view``)."""
+
+    def __init__(self, c=32, heads=4, hf=False):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(c, c) for _ in range(4))
+        self.heads, self.hf, self.d = heads, hf, c // heads
+
+    def forward(self, x):
+        b, n, c = x.shape
+        d = self.d
+        q, k, v = (m(x).reshape(b, n, self.heads, d).permute(0, 2, 1, 3) for m in (self.q, self.k, self.v))
+        if self.hf:
+            p = F.softmax(torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(d), dim=-1)
+            return self.o(torch.matmul(p, v).permute(0, 2, 1, 3).contiguous().view(b, n, c))
+        attn = ((q @ k.transpose(-2, -1)) * d ** -0.5).softmax(dim=-1)
+        return self.o((attn @ v).transpose(1, 2).reshape(b, n, c))
+
+
 class Block(nn.Module):
     """A pre-norm transformer block whose attention adds a constant position bias
     ([H, N, N] buffer, or [N, N] shared by the heads) as its mask."""
@@ -133,6 +155,8 @@ CASES = {
     "nanogpt": lambda: NanoGPT(),
     "nanogpt-chunk": lambda: NanoGPT(chunk=True),
     "grouped": lambda: Grouped(),
+    "hand-written": lambda: HandWritten(),
+    "hand-written-hf": lambda: HandWritten(hf=True),
     "block-bias": lambda: Block(),
     "block-shared-bias": lambda: Block(shared_bias=True),
 }
@@ -164,7 +188,8 @@ def test_attention_is_one_node_of_one_graph_fp32(name):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", ["packed", "separate-causal-flat", "nanogpt", "grouped", "block-bias"])
+@pytest.mark.parametrize("name", ["packed", "separate-causal-flat", "nanogpt", "grouped", "hand-written-hf",
+                                  "block-bias"])
 def test_int8_attention_node_within_one_quantum_of_its_reference(backend, name):
     model = build(name, seed=1)
     c = 32 if "separate" not in name else 24
