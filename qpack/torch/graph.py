@@ -685,7 +685,11 @@ class _CpuProxy(torch.fx.Proxy):
 
 
 class CpuTracer(torch.fx.Tracer):
-    """torch.fx's tracer with _CpuProxy values: qpack's traces."""
+    """torch.fx's tracer with _CpuProxy values: qpack's traces. Buffers are proxied
+    as parameters are (get_attr nodes), so a forward may index one by sizes the trace
+    computes (nanoGPT's causal mask ``self.bias[:, :, :T, :T]``)."""
+
+    proxy_buffer_attributes = True
 
     def proxy(self, node):
         return _CpuProxy(node, self)
@@ -1654,11 +1658,45 @@ def _by_number(node):
     return scalar[0], scalar[1]
 
 
-def _explicit_attention(node):
-    """(q, k transposed, v, mask or None, scale, the nodes it replaces) when node is
-    ``softmax((q @ kt) * c [+ mask], dim=-1) @ v`` (the scale also as ``(q * c) @ kt``,
-    ``/ c`` or none; LeViT's attention with its bias table, timm's unfused attention),
-    every value in between read by the next op only; else None."""
+def _causal_fill(x, gm):
+    """(scores, nodes to drop) when x is ``scores.masked_fill(tril[:, :, :T, :T] == 0,
+    float("-inf"))`` for a constant lower-triangular matrix of ones ``tril`` ([M, M] behind
+    unit dims) and one size T for both slices: a causal mask, top-left (nanoGPT's slow
+    path); else None."""
+    if not (isinstance(x, torch.fx.Node) and x.op == "call_method" and x.target == "masked_fill"
+            and len(x.args) == 3 and not x.kwargs and len(x.users) == 1 and x.args[2] == float("-inf")):
+        return None
+    cond = x.args[1]
+    if not (isinstance(cond, torch.fx.Node) and cond.op == "call_function" and cond.target is operator.eq
+            and len(cond.args) == 2 and cond.args[1] == 0 and len(cond.users) == 1):
+        return None
+    sl = cond.args[0]
+    if not (isinstance(sl, torch.fx.Node) and sl.op == "call_function" and sl.target is operator.getitem
+            and len(sl.users) == 1 and isinstance(sl.args[1], tuple)):
+        return None
+    t = _attr_tensor(gm, sl.args[0])
+    index = sl.args[1]
+    if t is None or t.dim() < 2 or len(index) != t.dim() or any(n != 1 for n in t.shape[:-2]) \
+            or t.shape[-1] != t.shape[-2]:
+        return None
+    full = [i for i in index[:-2]]
+    rows, cols = index[-2:]
+    if not (all(isinstance(i, slice) and i == slice(None) for i in full) and isinstance(rows, slice)
+            and isinstance(cols, slice) and rows.start is None and rows.step is None and cols.start is None
+            and cols.step is None and rows.stop is not None and rows.stop is cols.stop):
+        return None
+    m = t.reshape(t.shape[-2:])
+    if not torch.equal(m != 0, torch.ones_like(m, dtype=torch.bool).tril()):
+        return None
+    return x.args[0], [x, cond, sl]
+
+
+def _explicit_attention(node, gm=None):
+    """(q, k transposed, v, mask or None, scale, causal, the nodes it replaces) when node
+    is ``softmax((q @ kt) * c [+ mask], dim=-1) @ v`` (the scale also as ``(q * c) @ kt``,
+    ``/ c`` or none; LeViT's attention with its bias table, timm's unfused attention;
+    or a causal mask filled in, _causal_fill), every value in between read by the next
+    op only; else None."""
     if not _is_matmul(node):
         return None
     p, v = node.args
@@ -1671,8 +1709,13 @@ def _explicit_attention(node):
             or set(p.kwargs) - {"dim", "_stacklevel", "dtype"} or p.kwargs.get("dtype") is not None \
             or len(p.args) > 2 or not (dim == -1 or (dim is not None and dim == (rank_of(x) or 0) - 1)):
         return None  # (F.softmax's _stacklevel only picks a warning's frame)
-    replaced, mask = [node, p], None
-    if (isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target in (operator.add, torch.add)
+    replaced, mask, causal = [node, p], None, False
+    filled = _causal_fill(x, gm) if gm is not None else None
+    if filled is not None:
+        x, dropped = filled
+        replaced += dropped
+        causal = True
+    elif (isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target in (operator.add, torch.add)
             and len(x.args) == 2 and not x.kwargs and len(x.users) == 1):
         for a, b in (x.args, x.args[::-1]):
             if isinstance(b, torch.fx.Node) and (_is_matmul(a) or _by_number(a) is not None):
@@ -1695,7 +1738,7 @@ def _explicit_attention(node):
         scale *= c
     if not (isinstance(q, torch.fx.Node) and isinstance(kt, torch.fx.Node) and isinstance(v, torch.fx.Node)):
         return None
-    return q, kt, v, mask, scale, replaced
+    return q, kt, v, mask, scale, causal, replaced
 
 
 def _through_identity(t, modules):
@@ -2000,17 +2043,20 @@ def canonicalize(gm):
             if not heads(node):
                 node.target = _attention.scaled_dot_product_attention
             continue
-        if (att := _explicit_attention(node)) is not None:
+        if (att := _explicit_attention(node, gm)) is not None:
             # one call of the core's attention (with the bias as its mask) for the ops spelled out
-            q, kt, v, mask, scale, dead = att
+            q, kt, v, mask, scale, causal, dead = att
             with g.inserting_before(node):
                 k = g.call_method("transpose", (kt, -2, -1))
             new = replace(node, _attention.scaled_dot_product_attention, (q, k, v),
-                          dict(attn_mask=mask, scale=scale))
+                          dict(attn_mask=mask, scale=scale, is_causal=causal))
             new.meta["qpack_rank"] = rank_of(q)
             for d in dead[1:]:
                 g.erase_node(d)
                 erased.add(d)
+            for a in [n for n in g.nodes if n.op == "get_attr" and not n.users and n not in erased]:
+                g.erase_node(a)  # a causal mask's buffer, read by nothing now
+                erased.add(a)
             heads(new)
             continue
         if node.op in ("call_method", "call_function") and node.args and isinstance(node.args[0], torch.fx.Node) \

@@ -131,6 +131,30 @@ class HandWritten(nn.Module):
         return self.o((attn @ v).transpose(1, 2).reshape(b, n, c))
 
 
+class CausalFill(nn.Module):
+    """nanoGPT's slow path: a lower-triangular buffer sliced to the tokens, masked_fill with
+    -inf where it is 0 (``tril``: else a buffer with zeros elsewhere, which is no causal
+    mask); ``size_scale``: the scale computed from k's size, as nanoGPT writes it."""
+
+    def __init__(self, c=32, heads=4, tril=True, size_scale=False):
+        super().__init__()
+        self.c_attn, self.c_proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
+        mask = torch.ones(16, 16).tril() if tril else (torch.rand(16, 16) > 0.3).float()
+        mask[:, 0] = 1  # every query sees a key
+        self.register_buffer("bias", mask.view(1, 1, 16, 16))
+        self.heads, self.c, self.size_scale = heads, c, size_scale
+
+    def forward(self, x):
+        b, t, c = x.size()
+        q, k, v = self.c_attn(x).split(self.c, dim=2)
+        q, k, v = (a.view(b, t, self.heads, c // self.heads).transpose(1, 2) for a in (q, k, v))
+        scale = 1.0 / math.sqrt(k.size(-1)) if self.size_scale else (self.c // self.heads) ** -0.5
+        att = (q @ k.transpose(-2, -1)) * scale
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        return self.c_proj((att @ v).transpose(1, 2).contiguous().view(b, t, c))
+
+
 class Block(nn.Module):
     """A pre-norm transformer block whose attention adds a constant position bias
     ([H, N, N] buffer, or [N, N] shared by the heads) as its mask."""
@@ -155,6 +179,7 @@ CASES = {
     "nanogpt": lambda: NanoGPT(),
     "nanogpt-chunk": lambda: NanoGPT(chunk=True),
     "grouped": lambda: Grouped(),
+    "causal-fill": lambda: CausalFill(),
     "hand-written": lambda: HandWritten(),
     "hand-written-hf": lambda: HandWritten(hf=True),
     "block-bias": lambda: Block(),
@@ -220,6 +245,22 @@ def test_arguments_other_than_the_traced_defaults_run_the_models_forward():
         assert rel_err(f(x, None, True), model(x, None, True)) < 1e-5
         assert rel_err(f(x, attn_mask=mask), model(x, attn_mask=mask)) < 1e-5
         assert rel_err(f(x, None, False), model(x)) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["not-tril", "size-scale"])
+def test_masks_and_scales_the_node_does_not_take_keep_their_spelling(kind):
+    """A 0/1 buffer that is no lower triangle is no causal mask, and a scale computed from
+    a size stays PyTorch's arithmetic: the spelled-out ops run as written (the model traces:
+    its buffer indexed by a traced size), eager's values at every token count."""
+    torch.manual_seed(7)
+    model = CausalFill(tril=kind != "not-tril", size_scale=kind == "size-scale").eval()
+    f = qpack.freeze(model, progress=False)
+    runner = G.runner_of(f)
+    assert runner is not None and runner._gm is not None and "masked_fill" in runner._gm.code
+    with torch.no_grad():
+        for t in (10, 5):
+            x = torch.randn(2, t, 32)
+            assert rel_err(f(x), model(x)) < 1e-5
 
 
 class Computed(nn.Module):
