@@ -213,7 +213,7 @@ def test_attention_is_one_node_of_one_graph_fp32(name):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", ["packed", "separate-causal-flat", "nanogpt", "grouped", "hand-written-hf",
+@pytest.mark.parametrize("name", ["packed", "separate-causal-flat", "nanogpt", "grouped", "hand-written-hf", "causal-fill",
                                   "block-bias"])
 def test_int8_attention_node_within_one_quantum_of_its_reference(backend, name):
     model = build(name, seed=1)
