@@ -213,8 +213,8 @@ def test_attention_is_one_node_of_one_graph_fp32(name):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", ["packed", "separate-causal-flat", "nanogpt", "grouped", "hand-written-hf", "causal-fill",
-                                  "block-bias"])
+@pytest.mark.parametrize("name", ["packed", "separate-causal-flat", "nanogpt", "grouped", "hand-written-hf",
+                                  "causal-fill", "block-bias"])
 def test_int8_attention_node_within_one_quantum_of_its_reference(backend, name):
     model = build(name, seed=1)
     c = 32 if "separate" not in name else 24
