@@ -310,6 +310,21 @@ def test_saved_and_loaded_with_threads(tmp_path):
         assert rel_err(h(x), model(x)) < 1e-5
 
 
+@pytest.mark.parametrize("name", ["block-bias", "nanogpt"])
+def test_the_file_reader_reads_attention_nodes(name, tmp_path):
+    """qpack's own .qpk reader (qpack inspect) reads a saved graph's attention node: its three
+    inputs and its mask (block-bias: [H, L, S] floats), no problem found."""
+    from qpack import _file
+    f = qpack.freeze(build(name), progress=False)
+    path = tmp_path / "m.qpk"
+    qpack.save(f, path)
+    d = _file.describe(str(path))
+    assert d["problems"] == []
+    nodes = [n for g in d["graphs"] for n in g["nodes"] if n["kind"] == "attention"]
+    assert len(nodes) == 1 and len(nodes[0]["inputs"]) == 3
+    assert nodes[0]["num_affine"] == (4 * 10 * 10 if name == "block-bias" else 0)
+
+
 # ---- the node through the C API: parameters and errors --------------------------------------
 
 def one_node(**params):
