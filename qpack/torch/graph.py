@@ -1984,8 +1984,10 @@ def canonicalize(gm):
       by constant tensors (a bias table gathered at every call) -> a constant;
     - a - b of two values -> a + b * -1 (an add and a scalar affine); x ** 2 -> x * x, x ** 3 -> (x * x) * x;
     - F.scaled_dot_product_attention, and softmax((q @ kt) * c [+ bias]) @ v
-      spelled out -> qpack.torch.attention's (the core's kernel where it applies,
-      PyTorch's call otherwise).
+      spelled out (a causal mask filled in too) -> qpack.torch.attention's (the
+      core's kernel where it applies, PyTorch's call otherwise); between a split of
+      rows into heads and their merge back, and a frozen nn.MultiheadAttention on
+      one value -> heads_attention (the graph's attention node).
     Every rewrite computes what the spelling did, in PyTorch too."""
     g = gm.graph
     modules = dict(gm.named_modules())
