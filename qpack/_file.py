@@ -697,12 +697,12 @@ def _node(c, k, nv, ops, problems, where):
     elif name not in ("affine", "prelu", "layer_norm", "attention") and na:
         problems.append(f"{where} ({name}): {na} affine channels on a non-affine node")
     want_in = {"add": 2, "mul": 2, "attention": 3}.get(
-        name, None if name in ("concat", "resize_nearest", "resize_bilinear") else 1)
+        name, None if name in ("concat", "resize_nearest", "resize_bilinear", "transpose") else 1)
     if kind in NODE_KINDS and want_in is not None and n_in != want_in:
         problems.append(f"{where} ({name}): {n_in} inputs, expected {want_in}")
     elif name == "concat" and n_in < 1:
         problems.append(f"{where} (concat): no inputs")
-    elif name.startswith("resize") and n_in not in (1, 2):
+    elif (name.startswith("resize") or name == "transpose") and n_in not in (1, 2):
         problems.append(f"{where} ({name}): {n_in} inputs, expected 1 or 2")
     return node
 

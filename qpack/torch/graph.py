@@ -443,6 +443,15 @@ class _Lowering:
         if _swaps_last_two_of_rank3(node):
             self.emit_checked(node, "transpose", [node.args[0]])
             return
+        if node.op == "call_function" and node.target is image_to_tokens:
+            self.emit_checked(node, "transpose", [node.args[0]])
+            return
+        if node.op == "call_function" and node.target is tokens_to_image:
+            t, like, dims = node.args
+            if tuple(dims) != (2, 3):
+                raise Unsupported("tokens to an image of a channels-last view's H and W")
+            self.emit_checked(node, "transpose", [t, like])
+            return
         if node.op == "call_function" and node.target is heads_attention:
             q, k, v, heads, d, dv, offsets, scale, causal, mask = node.args[:10]
             strides = node.args[10] if len(node.args) > 10 else (d, dv)
@@ -847,6 +856,21 @@ def channel_scale(x, scale):
     (ConvNeXt's layer scale): what canonicalize() rewrites that spelling to; the
     core runs it as an ``affine`` node without shift."""
     return x * scale.reshape(1, -1, 1, 1)
+
+
+def image_to_tokens(x):
+    """``x.flatten(2).transpose(1, 2)``: an image [N, C, H, W] as its tokens [N, H W, C]
+    (a patch embedding's); canonicalize() rewrites that spelling to it and the core runs
+    it as a ``transpose`` node (the NHWC bytes as they are)."""
+    return x.flatten(2).transpose(1, 2)
+
+
+def tokens_to_image(t, like, dims=(2, 3)):
+    """``t.transpose(1, 2).reshape(N, C, H, W)``: tokens [N, H W, C] as the image of H, W
+    ``like.shape[dims[0]], like.shape[dims[1]]`` (dims (1, 2): ``like`` a channels-last
+    [N, H, W, C] view); canonicalize() rewrites that spelling to it (PVT's spatial
+    reduction) and the core runs it as a ``transpose`` node with ``like`` as its second input."""
+    return t.transpose(1, 2).reshape(t.shape[0], t.shape[2], like.shape[dims[0]], like.shape[dims[1]])
 
 
 def heads_attention(q, k, v, heads, head_dim, value_dim, offsets, scale, causal=False, mask=None, strides=None):
@@ -1834,9 +1858,12 @@ def _head_view(t, modules, shapes):
         if not (isinstance(d0, tuple) and d0[0] == "dim" and d0[2] == 0) or not (
                 d1 == -1 or isinstance(d1, tuple) and d1[0] == "dim" and d1[2] == 1 and d1[1] is d0[1]):
             return None
-        # the sizes are the value's own, or those of what a Linear made it of (the same leading dims)
+        # the sizes are the value's own, or those of what a Linear made it of (the same leading
+        # dims), or N is that of a value of the same batch and L is left to the view (PVT's k and v
+        # from the reduced tokens: reshape(B, -1, 2, H, D) with B the block input's)
         src = d0[1]
-        if not (src in (x, whole) or linear_of(whole) is not None and linear_of(whole).args[0] is src):
+        if not (src in (x, whole) or linear_of(whole) is not None and linear_of(whole).args[0] is src
+                or d1 == -1 and src.meta.get("qpack_batch", src) is whole.meta.get("qpack_batch", whole)):
             return None
         nodes = [x, x.args[0]] if whole is not x else []
         return whole, sizes, src, offset, nodes
@@ -1948,6 +1975,83 @@ def _heads_attention(node, gm, modules, shapes):
     return r, args, replaced
 
 
+def _image_tokens(node, shapes):
+    """(x, nodes it replaces) when node is ``x.flatten(2).transpose(1, 2)`` of a rank-4 x
+    (also ``torch.flatten(x, 2)``, ``x.reshape(N, C, -1)``, ``.permute(0, 2, 1)``), the
+    flatten read by it only; else None."""
+    if not _swaps_last_two_of_rank3(node):
+        return None
+    f = node.args[0]
+    if len(f.users) != 1 or not isinstance(f.args[0], torch.fx.Node) or rank_of(f.args[0]) != 4:
+        return None
+    x = f.args[0]
+    if (f.op == "call_method" and f.target == "flatten") or (f.op == "call_function" and f.target is torch.flatten):
+        ok = _dim_arg(f, 1, "start_dim", 0) == 2 and _dim_arg(f, 2, "end_dim", -1) in (-1, 3)
+    else:  # x.reshape(N, C, -1): N and C sizes the trace reads (PVT's B, C of its tokens) or numbers
+        terms = shapes.terms(f)
+        ok = terms is not None and len(terms) == 3 and terms[2] == -1 and all(
+            isinstance(a, int) and a >= 1 or isinstance(a, tuple) and a[0] == "dim" for a in terms[:2]) \
+            and (isinstance(terms[0], int) or terms[0][2] == 0)
+    return (x, [f]) if ok else None
+
+
+def _tokens_image(node, shapes):
+    """(t, like, dims, nodes it replaces) when node is ``t.transpose(1, 2).reshape(N, C, H,
+    W)`` (or ``permute(0, 2, 1)``, ``.view``) of rank-3 tokens t, H and W the sizes
+    ``like.shape[2], like.shape[3]`` of a rank-4 value, or ``like.shape[1], like.shape[2]``
+    of a channels-last view (PVT's ``feat_size``), the transpose read by the reshape only;
+    else None."""
+    if _permute_dims(node) == [0, 3, 1, 2] and len(node.args[0].users) == 1:
+        # t.reshape(N, H, W, -1).permute(0, 3, 1, 2): the tokens as NHWC, then the image (PVT's stage end)
+        r = node.args[0]
+        terms = shapes.terms(r)
+        if terms is None or len(terms) != 4 or not isinstance(r.args[0], torch.fx.Node) or rank_of(r.args[0]) != 3:
+            return None
+        d0, h, w, c = terms
+        t, dead = r.args[0], [r]
+    else:
+        terms = shapes.terms(node)
+        if terms is None or len(terms) != 4:
+            return None
+        tr = node.args[0]
+        if not (_swaps_last_two_of_rank3(tr) and len(tr.users) == 1):
+            return None
+        t, dead = tr.args[0], [tr]
+        d0, c, h, w = terms
+    if not (isinstance(h, tuple) and isinstance(w, tuple) and h[0] == w[0] == "dim" and h[1] is w[1]
+            and rank_of(h[1]) == 4 and (h[2], w[2]) in ((2, 3), (1, 2))):
+        return None
+    if not (isinstance(d0, tuple) and d0[0] == "dim" and d0[2] == 0) or not (
+            c == -1 or isinstance(c, int) or isinstance(c, tuple) and c[0] == "dim" and c[1] is t and c[2] == 2):
+        return None
+    if (h[2], w[2]) == (1, 2) and not _channels_last_view(h[1]):
+        return None
+    return t, h[1], (h[2], w[2]), dead
+
+
+def _channels_last_tokens(node, shapes):
+    """z when node is ``z.reshape(N, -1, C)`` (or ``.view``) of a channels-last view z
+    [N, H, W, C] (_channels_last_view), C its last size or a number; else None."""
+    terms = shapes.terms(node)
+    z = node.args[0] if node.args else None
+    if terms is None or len(terms) != 3 or terms[1] != -1 or not isinstance(z, torch.fx.Node) \
+            or rank_of(z) != 4 or not _channels_last_view(z):
+        return None
+    d0, c = terms[0], terms[2]
+    if not (isinstance(d0, tuple) and d0[0] == "dim" and d0[2] == 0) or not (
+            isinstance(c, int) and c >= 1 or c == ("dim", z, 3)):
+        return None
+    return z
+
+
+def _channels_last_view(x):
+    """True when x is ``y.permute(0, 2, 3, 1)`` of a rank-4 y, or that through modules that
+    keep the shape (a LayerNorm over C: timm's PVT patch embedding)."""
+    while isinstance(x, torch.fx.Node) and x.op == "call_module" and x.args:
+        x = x.args[0]
+    return _permute_dims(x) == [0, 2, 3, 1]
+
+
 _MHA_ARGS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
              "is_causal")
 
@@ -1993,6 +2097,7 @@ def canonicalize(gm):
     modules = dict(gm.named_modules())
     shapes = _Shapes()
     erased = set()
+    backs = {}  # a channels-last view whose tokens were taken -> its permute back to the image
 
     def replace(old, fn, args, kwargs=None):
         with g.inserting_before(old):
@@ -2060,6 +2165,33 @@ def canonicalize(gm):
                 g.erase_node(a)  # a causal mask's buffer, read by nothing now
                 erased.add(a)
             heads(new)
+            continue
+        if (z := _channels_last_tokens(node, shapes)) is not None:
+            # tokens of a channels-last view (PVT's patch embedding: permute(0, 2, 3, 1), LayerNorm,
+            # reshape(B, -1, C)): the view permuted back to the image, then its tokens
+            with g.inserting_before(node):
+                back = g.call_method("permute", (z, 0, 3, 1, 2))
+            back.meta.update(qpack_rank=4, qpack_batch=z.meta.get("qpack_batch", z))
+            backs[z] = back
+            replace(node, image_to_tokens, (back,)).meta.update(qpack_rank=3, qpack_batch=back.meta["qpack_batch"])
+            continue
+        if (tok := _image_tokens(node, shapes)) is not None:
+            x, dead = tok
+            replace(node, image_to_tokens, (x,)).meta.update(qpack_rank=3, qpack_batch=x.meta.get("qpack_batch", x))
+            for d in dead:
+                g.erase_node(d)
+                erased.add(d)
+            continue
+        if (img := _tokens_image(node, shapes)) is not None and (img[2] == (2, 3) or img[1] in backs):
+            t, like, dims, dead = img
+            if dims == (1, 2):  # H, W of a channels-last view: those of the image it was permuted back to
+                like, dims = backs[like], (2, 3)
+            new = replace(node, tokens_to_image, (t, like, dims))
+            new.meta["qpack_rank"] = 4
+            new.meta["qpack_batch"] = t.meta.get("qpack_batch", t)
+            for d in dead:
+                g.erase_node(d)
+                erased.add(d)
             continue
         if node.op in ("call_method", "call_function") and node.args and isinstance(node.args[0], torch.fx.Node) \
                 and node.args[0].op == "get_attr" and (t := _constant_view(gm, node)) is not None:

@@ -769,11 +769,13 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
     const bool resize = n.kind == QPACK_NODE_RESIZE_NEAREST || n.kind == QPACK_NODE_RESIZE_BILINEAR;
     const size_t want = (n.kind == QPACK_NODE_ADD || n.kind == QPACK_NODE_MUL) ? 2
                         : n.kind == QPACK_NODE_ATTENTION                    ? 3
+                        : n.kind == QPACK_NODE_TRANSPOSE                    ? std::min<size_t>(n.in.size(), 2)
                         : n.kind == QPACK_NODE_CONCAT                       ? n.in.size()
                         : resize                                            ? std::min<size_t>(n.in.size(), 2)
                                                                             : 1;
+    const bool one_or_two = resize || n.kind == QPACK_NODE_TRANSPOSE;
     check(!n.in.empty() && n.in.size() == want, QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (",
-          kind, ") takes ", resize ? "1 or 2" : std::to_string(want), " input(s), got ", n.in.size());
+          kind, ") takes ", one_or_two ? "1 or 2" : std::to_string(want), " input(s), got ", n.in.size());
     for (int v : n.in) {
       check_value(v, "node input");
       check(ready[v], QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind, ") reads value ", v,
@@ -1219,7 +1221,25 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
       y.d[3] = x.d[3] * n.kernel[1];
       return y;
     case QPACK_NODE_TRANSPOSE:
-      need_rank(x.rank == 3, "a rank-3 input");
+      if (n.in.size() == 2) {  // tokens [N, H W, C] -> the image [N, C, H, W] of the second input's H, W
+        const Shape& like = shapes[n.in[1]];
+        check(x.rank == 3 && like.rank == 4 && like.d[2] * like.d[3] == x.d[1], QPACK_STATUS_INVALID_ARGUMENT,
+              "transpose to an image takes tokens [N, H W, C] and a rank-4 value of that H and W, got ",
+              shape_str(x), " and ", shape_str(like));
+        y.rank = 4;
+        y.d[1] = x.d[2];
+        y.d[2] = like.d[2];
+        y.d[3] = like.d[3];
+        return y;
+      }
+      if (x.rank == 4) {  // an image's tokens [N, H W, C]
+        y.rank = 3;
+        y.d[1] = x.d[2] * x.d[3];
+        y.d[2] = x.d[1];
+        y.d[3] = 0;
+        return y;
+      }
+      need_rank(x.rank == 3, "a rank-3 input, or a rank-4 one (its tokens)");
       y.d[1] = x.d[2];
       y.d[2] = x.d[1];
       return y;
@@ -2112,13 +2132,29 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       // each value's bytes as held: [N, A, B] row-major, or [N, B, A] where channels-last
       // (plan.nlc); the same order in and out is a copy, else one tiled transpose
       const size_t es = elem_size(xv.dtype);
-      const bool in_ab = !plan.nlc[n.in[0]], out_ab = plan.nlc[n.out];  // out [N, B, A] held as [N, A, B]
-      if (in_ab == out_ab) {
+      if (xs.rank == 3 && ys.rank == 3) {
+        const bool in_ab = !plan.nlc[n.in[0]], out_ab = plan.nlc[n.out];  // out [N, B, A] held as [N, A, B]
+        if (in_ab == out_ab) {
+          std::memcpy(y, x, static_cast<size_t>(count) * es);
+        } else if (in_ab) {
+          transpose_channels(x, xs.d[0], xs.d[1], xs.d[2], es, y);
+        } else {
+          transpose_channels(x, xs.d[0], xs.d[2], xs.d[1], es, y);
+        }
+        return;
+      }
+      // an image [N, C, H, W] and its tokens [N, H W, C]: each held positions by channels (NHWC, rows)
+      // or channels by positions (NCHW, channels-last rank 3); the same order is a copy
+      const Shape& img = xs.rank == 4 ? xs : ys;
+      const int64_t C = img.d[1], P = img.d[2] * img.d[3];
+      const bool x_pc = xs.rank == 4 ? !plan.nchw[n.in[0]] : !plan.nlc[n.in[0]];
+      const bool y_pc = ys.rank == 4 ? !plan.nchw[n.out] : !plan.nlc[n.out];
+      if (x_pc == y_pc) {
         std::memcpy(y, x, static_cast<size_t>(count) * es);
-      } else if (in_ab) {
-        transpose_channels(x, xs.d[0], xs.d[1], xs.d[2], es, y);
+      } else if (x_pc) {
+        transpose_channels(x, img.d[0], P, C, es, y);
       } else {
-        transpose_channels(x, xs.d[0], xs.d[2], xs.d[1], es, y);
+        transpose_channels(x, img.d[0], C, P, es, y);
       }
       return;
     }

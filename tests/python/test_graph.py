@@ -275,6 +275,11 @@ def per_edge_reference(f, x):
             r = a.mean(tuple(range(2, a.dim())), keepdim=n.get("keepdim", True))
         elif k == "flatten":
             r = torch.flatten(a, 1)
+        elif k == "transpose" and len(ins) == 2:  # tokens -> the image of the second input's H, W
+            like = d(ins[1])
+            r = a.transpose(1, 2).reshape(a.shape[0], a.shape[2], like.shape[2], like.shape[3])
+        elif k == "transpose" and a.dim() == 4:  # an image's tokens
+            r = a.flatten(2).transpose(1, 2)
         elif k == "transpose":
             r = a.transpose(1, 2)
         elif k == "depth_to_space" and n.get("ceil_mode"):

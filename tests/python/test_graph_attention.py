@@ -225,7 +225,14 @@ def test_int8_attention_node_within_one_quantum_of_its_reference(backend, name):
     node = next(n for n in spec["nodes"] if n["kind"] == "attention")
     assert all(spec["values"][v][0] == "u8" for v in node["inputs"] + [node["output"]])
     x = calib[1]
-    graph_input = x.transpose(1, 2) if name == "grouped" else x  # (its first transpose runs in PyTorch)
+    # (grouped's first transpose runs in PyTorch: the graph's input is its result)
+    assert_within_reference(f, model, x, x.transpose(1, 2) if name == "grouped" else x)
+
+
+def assert_within_reference(f, model, x, graph_input):
+    """The int8 graph's output within a quantum (two: one op more) of the per-edge reference,
+    and within 10 % of the fp32 model."""
+    spec = G.runner_of(f)._spec
     with torch.no_grad():
         ref, y = per_edge_reference(f, graph_input), f(x)
         out_s = spec["values"][spec["nodes"][-1]["inputs"][0]][1]
@@ -415,3 +422,84 @@ def test_multihead_self_attention_is_its_projections_and_a_node(batch_first):
         assert rel_err(f(x), model(x)) < 1e-5
         if batch_first:
             assert rel_err(f(x[0]), model(x[0])) < 1e-5
+
+
+# ---- images and their tokens: hybrid models (PVT) in one graph --------------------------------
+
+class PVTLike(nn.Module):
+    """timm's PVT-v2 in small: a patch embedding to tokens through a channels-last LayerNorm
+    (``permute(0, 2, 3, 1)``, LayerNorm, ``reshape(B, -1, C)``), spatial-reduction attention
+    (tokens -> image ``permute(0, 2, 1).reshape(B, C, H, W)``, a strided conv, image -> tokens
+    ``reshape(B, C, -1).permute(0, 2, 1)``, k and v of the reduced tokens), an MLP with a
+    depthwise conv between ``transpose(1, 2).view(B, -1, H, W)`` and ``flatten(2).transpose(1,
+    2)``, and the stage's end ``reshape(B, H, W, -1).permute(0, 3, 1, 2)``."""
+
+    def __init__(self, c=32, heads=2):
+        super().__init__()
+        self.embed, self.embed_norm = nn.Conv2d(3, c, 4, 4), nn.LayerNorm(c)
+        self.norm1, self.norm2, self.sr_norm = nn.LayerNorm(c), nn.LayerNorm(c), nn.LayerNorm(c)
+        self.q, self.kv, self.o = nn.Linear(c, c), nn.Linear(c, 2 * c), nn.Linear(c, c)
+        self.sr = nn.Conv2d(c, c, 2, 2)
+        self.fc1, self.fc2 = nn.Linear(c, 2 * c), nn.Linear(2 * c, c)
+        self.dw = nn.Conv2d(2 * c, 2 * c, 3, padding=1, groups=2 * c)
+        self.head = nn.Conv2d(c, 8, 1)
+        self.heads = heads
+
+    def forward(self, x):
+        x = self.embed_norm(self.embed(x).permute(0, 2, 3, 1))
+        b, h, w, c = x.shape
+        x = x.reshape(b, -1, c)
+        y = self.norm1(x)
+        b, n, c = y.shape
+        q = self.q(y).reshape(b, n, self.heads, -1).permute(0, 2, 1, 3)
+        r = self.sr(y.permute(0, 2, 1).reshape(b, c, h, w)).reshape(b, c, -1).permute(0, 2, 1)
+        k, v = self.kv(self.sr_norm(r)).reshape(b, -1, 2, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        x = x + self.o(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c))
+        z = self.fc1(self.norm2(x)).transpose(1, 2).view(b, -1, h, w)
+        x = x + self.fc2(F.gelu(self.dw(z)).flatten(2).transpose(1, 2))
+        return self.head(x.reshape(b, h, w, -1).permute(0, 3, 1, 2))
+
+
+def test_images_and_tokens_of_a_hybrid_model_are_one_graph():
+    """Every move between the image and its tokens is a transpose node (the NHWC bytes as they
+    are), so the PVT-like model is one graph with one attention node; eager's values at two
+    image sizes (H, W are the patch embedding's at each)."""
+    torch.manual_seed(9)
+    model = PVTLike().eval()
+    f = qpack.freeze(model, progress=False)
+    assert len(attention_nodes(f)) == 1  # (one graph)
+    kinds = [n["kind"] for n in G.runner_of(f)._spec["nodes"]]
+    assert kinds.count("transpose") == 6
+    with torch.no_grad():
+        for size in (32, 48):
+            x = torch.randn(2, 3, size, size)
+            assert rel_err(f(x), model(x)) < 1e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int8_images_and_tokens_within_one_quantum_of_the_reference(backend):
+    torch.manual_seed(10)
+    model = PVTLike().eval()
+    calib = [torch.randn(2, 3, 32, 32) for _ in range(3)]
+    f = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False)
+    assert len(attention_nodes(f)) == 1
+    assert_within_reference(f, model, calib[1], calib[1])
+
+
+def test_the_transpose_node_between_images_and_tokens():
+    """Through GraphHandle: an image's tokens, tokens back to the image of a second input's H
+    and W (its data unread), both ways bit-exact; tokens that are not H x W are refused and the
+    graph still runs."""
+    f32 = ("f32", 0.0, 0)
+    g = _core.GraphHandle([f32, f32], [dict(kind="transpose", inputs=[0], output=1)], [0], [1])
+    x = torch.randn(2, 5, 3, 4)
+    assert torch.equal(torch.from_numpy(g.run([x.numpy()], ["nchw"], "nchw")[0]), x.flatten(2).transpose(1, 2))
+    back = _core.GraphHandle([f32, f32, f32], [dict(kind="transpose", inputs=[0, 1], output=2)], [0, 1], [2])
+    t = torch.randn(2, 12, 5)
+    like = torch.randn(1, 1, 3, 4)
+    got = torch.from_numpy(back.run([t.numpy(), like.numpy()], ["nchw", "nchw"], "nchw")[0])
+    assert torch.equal(got, t.transpose(1, 2).reshape(2, 5, 3, 4))
+    with pytest.raises(_core.InvalidArgumentError, match="H W"):
+        back.run([torch.randn(2, 11, 5).numpy(), like.numpy()], ["nchw", "nchw"], "nchw")
+    got = torch.from_numpy(back.run([t.numpy(), like.numpy()], ["nchw", "nchw"], "nchw")[0])
+    assert torch.equal(got, t.transpose(1, 2).reshape(2, 5, 3, 4))

@@ -488,7 +488,10 @@ typedef enum qpack_node_kind {
                                     spatial position of its sample (nn.GroupNorm) */
   QPACK_NODE_TRANSPOSE = 20,     /* [N, A, B] -> [N, B, A] (x.transpose(1, 2) of a rank-3 value:
                                     a Conv1d's [N, C, L] as the [N, L, C] rows a Linear reads);
-                                    u8 qparams kept */
+                                    of a rank-4 value [N, C, H, W] -> its tokens [N, H W, C]
+                                    (x.flatten(2).transpose(1, 2)); with a second, rank-4 input
+                                    (only its H and W read) tokens [N, H W, C] -> the image
+                                    [N, C, H, W]; u8 qparams kept */
   QPACK_NODE_DEPTH_TO_SPACE = 21, /* [N, kh kw C, H, W] -> [N, C, H kh, W kw] (kernel_h = kh,
                                     kernel_w = kw >= 1): y[:, c, i kh + a, j kw + b] =
                                     x[:, (a kw + b) C + c, i, j] (channel blocks by position; a
