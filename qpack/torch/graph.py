@@ -447,10 +447,7 @@ class _Lowering:
             self.emit_checked(node, "transpose", [node.args[0]])
             return
         if node.op == "call_function" and node.target is tokens_to_image:
-            t, like, dims = node.args
-            if tuple(dims) != (2, 3):
-                raise Unsupported("tokens to an image of a channels-last view's H and W")
-            self.emit_checked(node, "transpose", [t, like])
+            self.emit_checked(node, "transpose", list(node.args))
             return
         if node.op == "call_function" and node.target is heads_attention:
             q, k, v, heads, d, dv, offsets, scale, causal, mask = node.args[:10]
@@ -865,12 +862,11 @@ def image_to_tokens(x):
     return x.flatten(2).transpose(1, 2)
 
 
-def tokens_to_image(t, like, dims=(2, 3)):
-    """``t.transpose(1, 2).reshape(N, C, H, W)``: tokens [N, H W, C] as the image of H, W
-    ``like.shape[dims[0]], like.shape[dims[1]]`` (dims (1, 2): ``like`` a channels-last
-    [N, H, W, C] view); canonicalize() rewrites that spelling to it (PVT's spatial
+def tokens_to_image(t, like):
+    """``t.transpose(1, 2).reshape(N, C, H, W)``: tokens [N, H W, C] as the image of the H
+    and W of ``like`` (rank 4); canonicalize() rewrites that spelling to it (PVT's spatial
     reduction) and the core runs it as a ``transpose`` node with ``like`` as its second input."""
-    return t.transpose(1, 2).reshape(t.shape[0], t.shape[2], like.shape[dims[0]], like.shape[dims[1]])
+    return t.transpose(1, 2).reshape(t.shape[0], t.shape[2], like.shape[2], like.shape[3])
 
 
 def heads_attention(q, k, v, heads, head_dim, value_dim, offsets, scale, causal=False, mask=None, strides=None):
@@ -1703,9 +1699,8 @@ def _causal_fill(x, gm):
     if t is None or t.dim() < 2 or len(index) != t.dim() or any(n != 1 for n in t.shape[:-2]) \
             or t.shape[-1] != t.shape[-2]:
         return None
-    full = [i for i in index[:-2]]
     rows, cols = index[-2:]
-    if not (all(isinstance(i, slice) and i == slice(None) for i in full) and isinstance(rows, slice)
+    if not (all(isinstance(i, slice) and i == slice(None) for i in index[:-2]) and isinstance(rows, slice)
             and isinstance(cols, slice) and rows.start is None and rows.step is None and cols.start is None
             and cols.step is None and rows.stop is not None and rows.stop is cols.stop):
         return None
@@ -1861,8 +1856,8 @@ def _head_view(t, modules, shapes):
         # the sizes are the value's own, or those of what a Linear made it of (the same leading
         # dims), or N is that of a value of the same batch and L is left to the view (PVT's k and v
         # from the reduced tokens: reshape(B, -1, 2, H, D) with B the block input's)
-        src = d0[1]
-        if not (src in (x, whole) or linear_of(whole) is not None and linear_of(whole).args[0] is src
+        src, lin = d0[1], linear_of(whole)
+        if not (src in (x, whole) or lin is not None and lin.args[0] is src
                 or d1 == -1 and src.meta.get("qpack_batch", src) is whole.meta.get("qpack_batch", whole)):
             return None
         nodes = [x, x.args[0]] if whole is not x else []
@@ -2161,9 +2156,6 @@ def canonicalize(gm):
             for d in dead[1:]:
                 g.erase_node(d)
                 erased.add(d)
-            for a in [n for n in g.nodes if n.op == "get_attr" and not n.users and n not in erased]:
-                g.erase_node(a)  # a causal mask's buffer, read by nothing now
-                erased.add(a)
             heads(new)
             continue
         if (z := _channels_last_tokens(node, shapes)) is not None:
@@ -2185,8 +2177,8 @@ def canonicalize(gm):
         if (img := _tokens_image(node, shapes)) is not None and (img[2] == (2, 3) or img[1] in backs):
             t, like, dims, dead = img
             if dims == (1, 2):  # H, W of a channels-last view: those of the image it was permuted back to
-                like, dims = backs[like], (2, 3)
-            new = replace(node, tokens_to_image, (t, like, dims))
+                like = backs[like]
+            new = replace(node, tokens_to_image, (t, like))
             new.meta["qpack_rank"] = 4
             new.meta["qpack_batch"] = t.meta.get("qpack_batch", t)
             for d in dead:

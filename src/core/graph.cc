@@ -239,6 +239,11 @@ void load_f32(const uint8_t* x, int64_t n, const Q& q, float* y) {
   for (int64_t i = dequantize_u8_vector(x, n, q.scale, q.zp, y); i < n; ++i) y[i] = q.deq(x[i]);
 }
 
+// load_f32 of n values over qpack's threads: a dequantize node's, an attention node's inputs.
+void load_f32_parallel(const uint8_t* x, int64_t n, const Q& q, float* y) {
+  parallel_range(n, kGrain, [&](int64_t b, int64_t e) { load_f32(x + b, e - b, q, y + b); });
+}
+
 // y = round_u8((x - zx) m[c] + b[c], zy) over outer x channels x inner values
 // (channel c's m[c] and b[c] for each run of inner values; b NULL: no shift):
 // the u8 affine node and the per-channel u8 mul. AVX-512 (vec_math.cc) or
@@ -1858,11 +1863,8 @@ void Graph::run_attention(const GraphNode& n, const GraphPlan& plan, uint8_t* co
     for (int a = 0; a < 3; ++a) {
       src[a] = scratch.data() + off[a];
       if (first[a] < a) continue;
-      const Q q{values_[n.in[a]].scale, values_[n.in[a]].zero_point};
-      const uint8_t* x = ptrs[n.in[a]];
-      float* d = scratch.data() + off[a];
-      parallel_range(plan.shapes[n.in[a]].numel(), kGrain,
-                     [&](int64_t lo, int64_t hi) { load_f32(x + lo, hi - lo, q, d + lo); });
+      load_f32_parallel(ptrs[n.in[a]], plan.shapes[n.in[a]].numel(),
+                        Q{values_[n.in[a]].scale, values_[n.in[a]].zero_point}, scratch.data() + off[a]);
     }
     out = scratch.data();
   } else {
@@ -2515,7 +2517,7 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
         }
         return;
       }
-      parallel_range(count, kGrain, [&](int64_t b, int64_t e) { load_f32(x + b, e - b, qx, yf + b); });
+      load_f32_parallel(x, count, qx, yf);
       return;
   }
 }
