@@ -137,11 +137,11 @@ cdef class GraphHandle:
                     cn[i].channels = sc.shape[0]
                 elif n["kind"] == "attention":
                     d = n["head_dim"]
-                    cn[i].kernel_h, cn[i].kernel_w = n["heads"], d
-                    cn[i].stride_h, cn[i].stride_w = n.get("value_dim", d), 1
+                    dv = n.get("value_dim", d)
+                    cn[i].kernel_h, cn[i].kernel_w, cn[i].stride_h = n["heads"], d, dv
                     cn[i].pad_top, cn[i].pad_left, cn[i].pad_bottom = n.get("offsets", (0, 0, 0))
                     # where each next head starts: q's and k's (stride_w), v's (pad_right)
-                    cn[i].stride_w, cn[i].pad_right = n.get("head_strides", (d, n.get("value_dim", d)))
+                    cn[i].stride_w, cn[i].pad_right = n.get("head_strides", (d, dv))
                     cn[i].act_min = n["scale"] if "scale" in n else 1.0 / d ** 0.5 if d > 0 else 1.0
                     cn[i].ceil_mode = bool(n.get("causal", False))
                     if n.get("mask") is not None:
