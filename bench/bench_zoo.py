@@ -108,7 +108,9 @@ def main():
         with torch.inference_mode():
             ref = model(x)
             refs = [model(h) for h in held]
-        fp32 = qpack.freeze(model, progress=False)
+        # (the example input as ORT's export has it: a forward that reads its input's sizes is
+        # traced on that shape, MobileViT's and Twins')
+        fp32 = qpack.freeze(model, example_inputs=x, progress=False)
         int8 = qpack.freeze(model, dtype="int8", backend="onednn", example_inputs=calib, progress=False)
         try:
             fx = fx_ptq(model, calib, "x86")

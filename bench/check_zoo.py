@@ -43,7 +43,8 @@ def main():
             cells = []
             with torch.inference_mode():
                 ref = model(x)
-            for label, kw in (("fp32", {}), ("int8", dict(dtype="int8", backend=args.backend, example_inputs=calib))):
+            for label, kw in (("fp32", dict(example_inputs=x)),
+                              ("int8", dict(dtype="int8", backend=args.backend, example_inputs=calib))):
                 frozen = qpack.freeze(model, progress=False, **kw)
                 with torch.inference_mode():
                     err = rel(frozen(x), ref)

@@ -429,17 +429,27 @@ def _own_transformer_forward(m):
     return isinstance(m, _WRITTEN_OUT) and _written_out_as(m) is None
 
 
-def _analyze(model, rules):
+def _analyze(model, rules, shapes=None):
     """{id(layer): (bn, activation)}, the modules that become Identity, and the layers
-    whose tensors the forward reads itself (left unfrozen), from an fx trace."""
-    from qpack.torch.graph import CpuTracer, trace_clean
+    whose tensors the forward reads itself (left unfrozen), from an fx trace (one
+    specialized to inputs of ``shapes`` when the forward does not trace symbolically
+    and they are given: graph.Specialized)."""
+    from qpack.torch.graph import CpuTracer, Specialized, example_tensors, trace_clean
 
     class Tracer(CpuTracer):
         # every type with a rule is a leaf, so user-registered layers show up as calls
         def is_leaf_module(self, m, qualname):
             return type(m) in rules or isinstance(m, _BatchNorm) or super().is_leaf_module(m, qualname)
 
-    graph = trace_clean(Tracer(), model)
+    class ShapeTracer(Specialized, Tracer):
+        pass
+
+    try:
+        graph = trace_clean(Tracer(), model)
+    except Exception:
+        if not shapes:
+            raise
+        graph = trace_clean(ShapeTracer(example_tensors(shapes)), model)
     modules = dict(model.named_modules(remove_duplicate=False))
     calls = collections.Counter()
     keep = set()
@@ -675,6 +685,14 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
       (``frozen.forward.report()`` lists the plan). Otherwise, or with
       ``graph=False``, the layers run one by one; a model whose own forward
       does not trace gets graphs for its submodules that do.
+    - ``example_inputs`` (a tensor or a tuple of tensors; for ``dtype="int8"``
+      the calibration batches, all of one shape) also let a forward whose
+      Python reads its inputs' sizes (``if H % p:``, ``math.ceil(H / p)``, size
+      tuples passed between blocks: MobileViT, TinyViT, Twins), which
+      ``torch.fx`` cannot trace symbolically, be traced on inputs of those
+      shapes: the graph is then for that shape, and calls with another run
+      the layers one by one (a FreezeWarning says so, once). Control flow on
+      the inputs' values is never traced that way.
       ``qpack.graph_report(frozen)`` prints the plan.
     - ``progress``: a tqdm bar over calibration batches and int8 packing
       (None: when stderr is a terminal and tqdm is installed).
@@ -703,8 +721,16 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
     if dtype not in (None, "int8", "float32", torch.float32, torch.int8):
         raise InvalidArgumentError(f"dtype must be None, 'float32' or 'int8', got {dtype!r}")
     dtype = "int8" if dtype in ("int8", torch.int8) else None
+    shapes = None
     if example_inputs is not None and dtype != "int8":
-        raise InvalidArgumentError("example_inputs calibrate static int8 layers: pass dtype='int8' with them")
+        # fp32: an example input to trace a forward that reads its inputs' sizes
+        first = example_inputs[0] if isinstance(example_inputs, list) and example_inputs else example_inputs
+        shapes = _g_example_shapes(first)
+        if shapes is None:
+            raise InvalidArgumentError(
+                "example_inputs of a float freeze are a tensor or a tuple of tensors (the inputs a forward "
+                "that reads their sizes is traced on); keyword inputs calibrate int8 freezes only")
+        example_inputs = None
     bits = _int8_range(reduce_range, backend)
     _check_eval(model)
     # a model that is one layer is that frozen layer (a Transformer encoder, whose forward the
@@ -717,9 +743,15 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
         if frozen is not None:
             return frozen
     frozen = _freeze_layers(model, backend=backend, retain=retain, inplace=inplace,
-                            example_inputs=example_inputs, dtype=dtype, fuse=fuse, mapping=mapping, bits=bits)
-    _try_graph(frozen)
+                            example_inputs=example_inputs, dtype=dtype, fuse=fuse, mapping=mapping, bits=bits,
+                            shapes=shapes)
+    _try_graph(frozen, shapes)
     return frozen
+
+
+def _g_example_shapes(example):
+    from qpack.torch import graph as _g
+    return _g.example_shapes(example)
 
 
 _REDUCE_RANGE = {False: Int8Range(), True: Int8Range(act=127), "activations": Int8Range(act=127),
@@ -741,13 +773,15 @@ def _int8_range(reduce_range, backend):
     return _REDUCE_RANGE[reduce_range]
 
 
-def _try_graph(frozen):
-    """Runs ``frozen`` on core graphs where its trace lowers; returns the runner or None."""
+def _try_graph(frozen, shapes=None):
+    """Runs ``frozen`` on core graphs where its trace lowers (a forward that does not
+    trace symbolically traced on inputs of ``shapes``, when given); returns the runner
+    or None."""
     from qpack.torch import graph as _g
     if isinstance(frozen, FROZEN_TYPES):
         return None
     try:
-        return _g.attach(frozen)
+        return _g.attach(frozen, shapes=shapes)
     except _g.Unsupported as e:
         if "GraphModule" in str(e):  # traced, but fx would not hold it: say why it runs layer by layer
             warnings.warn(f"qpack.freeze: the model runs layer by layer, not as a core graph: {e}",
@@ -768,14 +802,19 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
     batches = example_inputs if isinstance(example_inputs, list) else [example_inputs]
     if any(isinstance(b, dict) for b in batches):
         return None
+    # a forward that reads its inputs' sizes is traced on the calibration batches'
+    # shapes, when they all have the first's
+    shapes = _g.example_shapes(batches[0])
+    if shapes is not None and any(_g.example_shapes(b) != shapes for b in batches[1:]):
+        shapes = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", FreezeWarning)  # a failed trace is reported by the fallback
         fp32 = _freeze_layers(model, backend=backend, retain=True, inplace=False, example_inputs=None,
-                              dtype=None, fuse=fuse, mapping=mapping, pack_tied=True)
+                              dtype=None, fuse=fuse, mapping=mapping, pack_tied=True, shapes=shapes)
     if isinstance(fp32, FROZEN_TYPES):
         return None
     try:
-        gm = _g.trace(fp32)
+        gm = _g.trace(fp32, shapes)
     except Exception:  # noqa: BLE001 - untraceable: int8 graphs for the submodules that trace
         try:
             frozen = _freeze_int8_parts(fp32, backend, retain, batches, show_progress, bits)
@@ -797,7 +836,7 @@ def _freeze_int8_graph(model, backend, retain, example_inputs, fuse, mapping, sh
     _swap(fp32, _int8_graph_layers(segs, qp, backend, retain, show_progress, bits))
     _swap(fp32, _int8_leftovers(fp32, backend, retain, bits))
     try:
-        _g.attach(fp32, qp)
+        _g.attach(fp32, qp, shapes)
     except (_g.Unsupported, qpack_error):
         return None
     return fp32
@@ -1091,10 +1130,12 @@ def _computes_as(m, base):
 
 
 def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fuse, mapping, bits=Int8Range(),
-                   pack_tied=False):
+                   pack_tied=False, shapes=None):
     """Layer by layer: the swap (and folding, fusion, calibration) every freeze starts with.
     fp32 layers whose weight another module holds too (tied weights) stay PyTorch's unless
-    ``pack_tied`` (the fp32 step of an int8 freeze, whose int8 twins are another tensor)."""
+    ``pack_tied`` (the fp32 step of an int8 freeze, whose int8 twins are another tensor).
+    ``shapes``: example input shapes a forward that does not trace symbolically is traced
+    on for its folding and fusion (graph.example_shapes)."""
     rules = dict(MAPPING)
     if mapping:
         rules.update(mapping)
@@ -1104,7 +1145,7 @@ def _freeze_layers(model, *, backend, retain, inplace, example_inputs, dtype, fu
     plan, drop, keep = {}, {}, set()
     if fuse and type(model) not in rules:  # (a layer frozen on its own has nothing to fuse with)
         try:
-            plan, drop, keep = _analyze(model, rules)
+            plan, drop, keep = _analyze(model, rules, shapes)
         except Exception as e:  # noqa: BLE001 - any tracing failure means: no fusion
             reason = f"{type(e).__name__}: {e}".splitlines()[0][:200]
             plan, drop, keep = _analyze_parts(model, rules)

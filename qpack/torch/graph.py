@@ -16,6 +16,7 @@ import functools
 import inspect
 import operator
 import re
+import warnings
 
 import numpy as np
 import torch
@@ -720,24 +721,189 @@ def trace_clean(tracer, model, concrete_args=None):
                     v[:] = [x for x in v if not isinstance(x, torch.fx.Proxy)]
 
 
-def trace(model):
-    """fx trace of a layer-frozen model, frozen layers as leaves."""
-    class Tracer(CpuTracer):
-        def is_leaf_module(self, m, qualname):
-            return (isinstance(m, (FrozenConv1d, FrozenConv2d, FrozenLinear, FrozenMultiheadAttention))
-                    or super().is_leaf_module(m, qualname))
+class _LayerLeaves(CpuTracer):
+    """qpack's trace of a layer-frozen model: frozen layers are leaves."""
 
+    def is_leaf_module(self, m, qualname):
+        return (isinstance(m, (FrozenConv1d, FrozenConv2d, FrozenLinear, FrozenMultiheadAttention))
+                or super().is_leaf_module(m, qualname))
+
+
+_NO_VALUE = object()
+# ops whose result's shape depends on the data: a trace specialized to example shapes
+# must not read sizes off them
+_DATA_SHAPED = frozenset({"nonzero", "masked_select", "unique", "unique_consecutive", "item", "tolist",
+                          "bincount", "argwhere", "nonzero_static", "repeat_interleave"})
+
+
+class _SizeInt(int):
+    """A size read off a traced value of a specialized trace (_ShapeTracer): Python
+    reads the number; passed to a traced op it becomes the size node a symbolic
+    trace makes (``x.size(d)``), so the graph is the one canonicalize knows. What
+    Python computes from it (``H // 2``, ``math.ceil(H / p)``) is a plain int, a
+    constant of the graph."""
+
+    def __new__(cls, value, proxy, dim):
+        o = int.__new__(cls, value)
+        o.proxy, o.dim = proxy, dim
+        return o
+
+
+class _SizeTuple(tuple):
+    """x.shape / x.size() of a specialized trace: _SizeInt items."""
+
+    def numel(self):
+        return int(np.prod([int(a) for a in self]))
+
+
+class _ShapeProxy(_CpuProxy):
+    """A proxy that carries the value the example inputs give its node: a tensor's
+    shape, sizes, rank and dtype read off it are those numbers, so Python control
+    flow on them runs (the trace is specialized to the example's shapes)."""
+
+    def __getattr__(self, k):
+        v = self.node.meta.get("qpack_value", _NO_VALUE)
+        if isinstance(v, torch.Tensor):
+            if k == "shape":
+                return _SizeTuple(_SizeInt(n, self, i) for i, n in enumerate(v.shape))
+            if k == "size":
+                def size(dim=None):
+                    if dim is None:
+                        return _SizeTuple(_SizeInt(n, self, i) for i, n in enumerate(v.shape))
+                    d = dim + v.dim() if dim < 0 else dim
+                    return _SizeInt(v.shape[d], self, d)
+                return size
+            if k in ("ndim", "dtype", "dim", "numel"):
+                return getattr(v, k)
+        return super().__getattr__(k)
+
+    def __len__(self):
+        v = self.node.meta.get("qpack_value", _NO_VALUE)
+        if isinstance(v, torch.Tensor):
+            return _SizeInt(len(v), self, 0)
+        return super().__len__()
+
+
+_REVERT_PATCHES = getattr(torch.fx._symbolic_trace, "_maybe_revert_all_patches", None)
+
+
+class Specialized:
+    """A tracer mixin that runs each traced op on the values the example inputs give
+    (leaf layers included: one forward), for a forward whose Python reads its inputs'
+    sizes (``if H % p:``, ``math.ceil(H / p)``): those sizes are then the example's
+    (_SizeInt), and what Python computes from them constants of the graph. Values of
+    data-shaped ops (nonzero, item...) are not kept, so a size read off one stays
+    symbolic (and fails as before); control flow on values fails as before."""
+
+    def __init__(self, examples, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._examples = list(examples)
+        self._placeholders = 0
+        self._sizes = {}  # (node, dim) -> its size node
+
+    def proxy(self, node):
+        return _ShapeProxy(node, self)
+
+    def create_arg(self, a):
+        if isinstance(a, _SizeInt):
+            key = (a.proxy.node, a.dim)
+            if key not in self._sizes:
+                self._sizes[key] = self.create_proxy("call_method", "size", (a.proxy, a.dim), {}).node
+            return self._sizes[key]
+        return super().create_arg(a)
+
+    def create_proxy(self, kind, target, args, kwargs, name=None, type_expr=None, proxy_factory_fn=None):
+        p = super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
+        if kind == "placeholder":
+            i = self._placeholders
+            self._placeholders += 1
+            p.node.meta["qpack_value"] = self._examples[i] if i < len(self._examples) else (
+                args[0] if args else None)
+        elif kind != "output" and _REVERT_PATCHES is not None and getattr(target, "__name__", target) not in _DATA_SHAPED:
+            try:
+                p.node.meta["qpack_value"] = self._run(p.node)
+            except Exception:  # noqa: BLE001 - a value it cannot compute: sizes read off it stay symbolic
+                pass
+        return p
+
+    def _run(self, node):
+        def value(n):
+            v = n.meta.get("qpack_value", _NO_VALUE)
+            if v is _NO_VALUE:
+                raise LookupError(n.name)
+            return v
+        args = torch.fx.node.map_arg(node.args, value)
+        kwargs = torch.fx.node.map_arg(node.kwargs, value)
+        # fx patches nn.Module.__call__ and __getattr__ while it traces: undone around
+        # the op, which would otherwise be traced again
+        with _REVERT_PATCHES(), torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the op's own, which eager gives anyway
+            if node.op == "get_attr":
+                v = self.root
+                for part in node.target.split("."):
+                    v = getattr(v, part)
+                return v
+            if node.op == "call_function":
+                return node.target(*args, **kwargs)
+            if node.op == "call_method":
+                return getattr(args[0], node.target)(*args[1:], **kwargs)
+            return self.root.get_submodule(node.target)(*args, **kwargs)
+
+
+class _ShapeTracer(Specialized, _LayerLeaves):
+    """_LayerLeaves specialized to example inputs (Specialized)."""
+
+
+def example_tensors(shapes):
+    """Inputs of ``shapes`` (example_shapes) for a specialized trace: zeros (the trace
+    reads their sizes, never their values)."""
+    return [torch.zeros(s, dtype=d) for s, d in shapes]
+
+
+def example_shapes(example_inputs):
+    """((shape, dtype), ...) of the positional tensors of one example input (a
+    tensor or a tuple of them) for a trace specialized to them; None for other
+    inputs (keywords, non-tensors)."""
+    xs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    if not xs or not all(isinstance(x, torch.Tensor) for x in xs):
+        return None
+    return tuple((tuple(x.shape), x.dtype) for x in xs)
+
+
+def _shapes_match(args, shapes):
+    return len(args) == len(shapes) and all(
+        isinstance(a, torch.Tensor) and tuple(a.shape) == s and a.dtype == d for a, (s, d) in zip(args, shapes))
+
+
+def trace(model, shapes=None):
+    """fx trace of a layer-frozen model, frozen layers as leaves. A forward that does
+    not trace symbolically is traced on inputs of ``shapes`` (example_shapes) when
+    given, specialized to them (gm._qpack_shapes; GraphRunner runs other shapes on
+    the model's own forward)."""
     nones = None
+    specialized = None
     try:
-        graph = trace_clean(Tracer(), model)
+        graph = trace_clean(_LayerLeaves(), model)
     except Exception:
         # a forward that tests its optional arguments (nn.TransformerEncoder's masks:
         # `if mask is not None`), traced once more with them None; calls that pass one
         # run the model's own forward (GraphRunner.__call__)
         nones = _trailing_defaults(model)
-        if not nones:
-            raise
-        graph = trace_clean(Tracer(), model, concrete_args=nones)
+        graph = None
+        if nones:
+            try:
+                graph = trace_clean(_LayerLeaves(), model, concrete_args=nones)
+            except Exception:
+                if not shapes:
+                    raise
+                nones = None
+        if graph is None:
+            if not shapes:
+                raise
+            # Python control flow on the inputs' sizes (MobileViT's `if new_h != H`,
+            # Twins' size tuples): traced on inputs of the example's shapes
+            graph = trace_clean(_ShapeTracer(example_tensors(shapes)), model)
+            specialized = tuple(shapes)
     else:
         if _attention_reads_placeholder(graph, model):
             # a forward's optional mask or is_causal reaching its attention (timm's ViT):
@@ -745,13 +911,18 @@ def trace(model):
             # pass others run the model's own forward
             nones = _trailing_defaults(model)
             if nones:
-                graph = trace_clean(Tracer(), model, concrete_args=nones)
+                graph = trace_clean(_LayerLeaves(), model, concrete_args=nones)
+    for node in graph.nodes:
+        v = node.meta.pop("qpack_value", None)  # the example's tensors: not kept by the trace,
+        if specialized and isinstance(v, torch.Tensor):  # their shapes are (_Shapes.terms)
+            node.meta["qpack_shape"] = tuple(v.shape)
     try:
         gm = torch.fx.GraphModule(model, graph)
     except Exception as e:  # noqa: BLE001 - e.g. a submodule named like a GraphModule attribute
         raise Unsupported(f"the traced model cannot become a GraphModule ({type(e).__name__}: {e})") from None
     gm._qpack_none_from = None if not nones else _positions(model)[next(iter(nones))]
     gm._qpack_defaults = None if not nones else tuple(nones.values())
+    gm._qpack_shapes = specialized
     canonicalize(gm)
     return gm
 
@@ -1132,6 +1303,17 @@ def _mean_dims(node):
     return node.args[0], sorted(dims), keepdim
 
 
+def _concrete(term):
+    """The number a shape term (_Shapes.terms) stands for in a trace specialized to
+    example shapes, else None."""
+    if isinstance(term, int) and not isinstance(term, bool):
+        return term
+    if isinstance(term, tuple) and len(term) == 3 and term[0] == "dim":
+        known = term[1].meta.get("qpack_shape")
+        return known[term[2]] if known is not None and term[2] < len(known) else None
+    return None
+
+
 class _Shapes:
     """Symbolic dims of traced values: x.size(), x.shape, their items and // by
     constants (what `b, c, h, w = x.size()` and `x.view(x.size(0), -1)` trace to)."""
@@ -1163,14 +1345,29 @@ class _Shapes:
         return None if d is None else ("dim", x, d)
 
     def terms(self, node):
-        """The target shape of a view / reshape as ints and symbols (None: not one)."""
+        """The target shape of a view / reshape as ints and symbols (None: not one). In a
+        trace specialized to example shapes (trace's _ShapeTracer), a number that is the
+        input's size at its position is that size (``reshape(b, h * w, c)`` of [b, h w, c]:
+        the trace has 64 where a symbolic one has h * w)."""
         if not (node.op == "call_method" and node.target in ("view", "reshape")) and not (
                 node.op == "call_function" and node.target is torch.reshape):
             return None
         shape = list(_sizes(node.args[1:]))
         if node.kwargs.get("shape") is not None:
             shape = list(node.kwargs["shape"])
-        return [a if isinstance(a, int) else self.sym.get(a, "?") for a in shape]
+        x = node.args[0]
+        known = x.meta.get("qpack_shape") if isinstance(x, torch.fx.Node) else None
+        out = []
+        for i, a in enumerate(shape):
+            if not isinstance(a, int):
+                if a not in self.sym and isinstance(a, torch.fx.Node):
+                    self.visit(a)  # a size node made after the node being rewritten (_ShapeTracer's)
+                out.append(self.sym.get(a, "?"))
+            elif known is not None and i < len(known) and a == known[i] and a != -1 and not isinstance(a, bool):
+                out.append(("dim", x, i))
+            else:
+                out.append(a)
+        return out
 
 
 _INPLACE_FUNCS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.setitem}
@@ -1850,6 +2047,11 @@ def _head_view(t, modules, shapes):
         elif unknown:
             return None
         d0, d1 = terms[:2]
+        known = x.meta.get("qpack_shape")
+        if known is not None and len(known) == 3 and _concrete(d0) == known[0] and (
+                d1 == -1 or _concrete(d1) == known[1]):
+            # a trace specialized to example shapes: the view keeps x's N and L, by number
+            return whole, sizes, x, offset, [x, x.args[0]] if whole is not x else []
         if not (isinstance(d0, tuple) and d0[0] == "dim" and d0[2] == 0) or not (
                 d1 == -1 or isinstance(d1, tuple) and d1[0] == "dim" and d1[2] == 1 and d1[1] is d0[1]):
             return None
@@ -1953,6 +2155,11 @@ def _heads_attention(node, gm, modules, shapes):
         ok = (isinstance(d0, tuple) and d0[0] == "dim" and d0[2] == 0 and d0[1] is views[0][5]
               and (d1 == -1 or isinstance(d1, tuple) and d1[0] == "dim" and d1[2] == 1 and d1[1] is d0[1])
               and (c == heads * dv or c == -1 and d1 != -1 or c == ("dim", d0[1], 2)))
+        known = views[0][0].meta.get("qpack_shape")
+        if not ok and known is not None and len(known) == 3:
+            # a trace specialized to example shapes: q's N and L, by number
+            ok = (_concrete(d0) == known[0] and (d1 == -1 or _concrete(d1) == known[1])
+                  and (_concrete(c) == heads * dv or c == -1 and d1 != -1))
     elif r.op == "call_method" and r.target == "flatten" and r.args[0] is dead[0]:
         ok = _dim_arg(r, 1, "start_dim", 0) == 2 and _dim_arg(r, 2, "end_dim", -1) in (-1, 3)
     if not ok:
@@ -2016,8 +2223,10 @@ def _tokens_image(node, shapes):
     if not (isinstance(h, tuple) and isinstance(w, tuple) and h[0] == w[0] == "dim" and h[1] is w[1]
             and rank_of(h[1]) == 4 and (h[2], w[2]) in ((2, 3), (1, 2))):
         return None
+    known = t.meta.get("qpack_shape")  # (a trace specialized to example shapes: C by number)
     if not (isinstance(d0, tuple) and d0[0] == "dim" and d0[2] == 0) or not (
-            c == -1 or isinstance(c, int) or isinstance(c, tuple) and c[0] == "dim" and c[1] is t and c[2] == 2):
+            c == -1 or isinstance(c, int) or isinstance(c, tuple) and c[0] == "dim" and c[1] is t and c[2] == 2
+            or known is not None and len(known) == 3 and _concrete(c) == known[2]):
         return None
     if (h[2], w[2]) == (1, 2) and not _channels_last_view(h[1]):
         return None
@@ -2885,22 +3094,28 @@ class GraphRunner:
     (segments) and PyTorch in between. Held in the model instance's
     ``__dict__`` as ``forward`` (the model keeps its class); not a submodule,
     so ``state_dict`` is the layers'. Graphs follow re-packed layers
-    (``load_state_dict``); pickling keeps only the model and the per-value
-    qparams, and the trace is redone on first use."""
+    (``load_state_dict``); pickling keeps only the model, the per-value
+    qparams and the example shapes, and the trace is redone on first use.
+    ``shapes`` (example_shapes): a forward that does not trace symbolically is
+    traced on inputs of these shapes; calls with others run the model's own
+    forward, layer by layer (a FreezeWarning says so, once)."""
 
-    def __init__(self, model, qparams=None):
+    def __init__(self, model, qparams=None, shapes=None):
         self._model_ref = model
         self._qparams = qparams  # {fx node name: (scale, zero_point)} for int8 graphs
+        self._shapes = shapes
+        self._specialized = None  # the shapes the trace was specialized to, if it was
         self._segments = None
         self._gm = None          # the rewritten trace when there are several segments
 
     def build(self):
         try:
-            gm = trace(self._model_ref)
+            gm = trace(self._model_ref, self._shapes)
         except Unsupported:
             raise
         except Exception as e:  # noqa: BLE001 - anything fx cannot trace is not a graph
             raise Unsupported(f"trace: {type(e).__name__}") from None
+        self._specialized = gm._qpack_shapes
         segs = segments(gm)
         if not segs:
             raise Unsupported("no op the core runs")
@@ -2973,6 +3188,9 @@ class GraphRunner:
         model = self._model_ref
         if kwargs:
             return type(model).forward(model, *args, **kwargs)
+        if self._specialized is not None and not _shapes_match(args, self._specialized):
+            self._warn_other_shapes(args)
+            return type(model).forward(model, *args)
         if self._gm is not None:
             first = getattr(self._gm, "_qpack_none_from", None)
             if first is not None and not _defaults_given(args[first:], self._gm):
@@ -2988,6 +3206,17 @@ class GraphRunner:
             # shapes this graph cannot plan (other ranks): the layers one by one
             return type(model).forward(model, *args)
         return tuple(result) if seg.spec["output_is_tuple"] else result[0]
+
+    def _warn_other_shapes(self, args):
+        if getattr(self, "_warned_shapes", False):
+            return
+        self._warned_shapes = True
+        from qpack.torch.freeze import FreezeWarning
+        got = ", ".join(str(tuple(a.shape)) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
+        want = ", ".join(str(s) for s, _ in self._specialized)
+        warnings.warn(f"qpack: {type(self._model_ref).__name__}'s graph was traced for inputs of shape {want} "
+                      f"(its forward reads their sizes); inputs of shape {got} run its layers one by one",
+                      FreezeWarning, stacklevel=3)
 
     def info(self):
         self._ready()
@@ -3050,7 +3279,7 @@ class GraphRunner:
         return "\n".join(lines)
 
     def __reduce__(self):
-        return (GraphRunner, (self._model_ref, self._qparams))
+        return (GraphRunner, (self._model_ref, self._qparams, self._shapes))
 
     def __qpk_reduce__(self):
         # qpack.save: a one-graph forward keeps its lowered segment (spec and
@@ -3060,7 +3289,7 @@ class GraphRunner:
         if self._gm is not None:
             return self.__reduce__()
         return (_restore_runner, (self._model_ref, self._qparams,
-                                  [(s.spec, s.layers) for s in self._segments]))
+                                  [(s.spec, s.layers) for s in self._segments], self._specialized))
 
     def __qpk_graphs__(self):
         """The core graphs this forward runs (qpack.save writes them to the file)."""
@@ -3068,7 +3297,7 @@ class GraphRunner:
         return [s.graph() for s in self._segments]
 
     def __deepcopy__(self, memo):
-        return GraphRunner(copy.deepcopy(self._model_ref, memo), copy.deepcopy(self._qparams, memo))
+        return GraphRunner(copy.deepcopy(self._model_ref, memo), copy.deepcopy(self._qparams, memo), self._shapes)
 
 
 # activations oneDNN applies as a post-op of an f32 convolution (runtime.cc's eltwise_of)
@@ -3120,9 +3349,10 @@ def _torch_segment(gm, seg, replaced):
     return torch.fx.GraphModule(gm, g)
 
 
-def _restore_runner(model, qparams, segments):
+def _restore_runner(model, qparams, segments, specialized=None):
     """A one-graph GraphRunner from qpack.load (no trace; the graph is made on first use)."""
-    runner = GraphRunner(model, qparams)
+    runner = GraphRunner(model, qparams, specialized)
+    runner._specialized = specialized
     runner._segments = []
     for spec, layers in segments:
         seg = Segment.__new__(Segment)
@@ -3131,10 +3361,11 @@ def _restore_runner(model, qparams, segments):
     return runner
 
 
-def attach(model, qparams=None):
+def attach(model, qparams=None, shapes=None):
     """Makes ``model`` run on core graphs (f32, or u8 with ``qparams`` by fx node
-    name); raises Unsupported when no part of it lowers."""
-    runner = GraphRunner(model, qparams).build()
+    name; a forward that does not trace symbolically traced on inputs of
+    ``shapes``, GraphRunner); raises Unsupported when no part of it lowers."""
+    runner = GraphRunner(model, qparams, shapes).build()
     object.__setattr__(model, "forward", runner)
     if isinstance(model, torch.fx.GraphModule):
         # A GraphModule pickles its __dict__ as its reduce arguments, so the
@@ -3289,6 +3520,6 @@ def progress(iterable, total, desc, enabled):
     return iterable
 
 
-__all__ = ["GraphRunner", "QParams", "Segment", "Unsupported", "attach", "attach_parts", "calibrate", "detach",
+__all__ = ["GraphRunner", "QParams", "Segment", "Specialized", "Unsupported", "attach", "attach_parts", "calibrate", "detach",
            "graph_parts", "graph_report", "narrow_bounds", "refine_ranges", "worth_part",
            "progress", "qparams_by_name", "runner_of", "segments", "value_qparams"]

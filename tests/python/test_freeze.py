@@ -284,8 +284,11 @@ def test_bad_arguments():
         qpack.freeze(model, retain="yes")
     with pytest.raises(qpack.InvalidArgumentError, match="dtype"):
         qpack.freeze(model, dtype="int4")
+    # a float freeze takes example tensors (to trace a forward that reads their sizes), not keywords
     with pytest.raises(qpack.InvalidArgumentError, match="example_inputs"):
-        qpack.freeze(model, example_inputs=torch.randn(2, 20))
+        qpack.freeze(model, example_inputs={"x": torch.randn(2, 20)})
+    with pytest.raises(qpack.InvalidArgumentError, match="example_inputs"):
+        qpack.freeze(model, example_inputs=(torch.randn(2, 20), 3))
     with pytest.raises(qpack.InvalidTypeError):
         qpack.freeze(torch.randn(3))
     f = qpack.freeze(model)
