@@ -1303,6 +1303,25 @@ def _mean_dims(node):
     return node.args[0], sorted(dims), keepdim
 
 
+def _own_image_view(x, terms):
+    """True when terms are ``(N, -1, H, W)`` of a rank-4 value y of x's batch and x's H
+    and W (_batch, _spatial): a view of the image x as itself."""
+    if len(terms) != 4 or terms[1] != -1 or not all(isinstance(t, tuple) and len(t) == 3 and t[0] == "dim"
+                                                     for t in (terms[0], terms[2], terms[3])):
+        return False
+    y = terms[0][1]
+    if not (terms[2][1] is y and terms[3][1] is y and (terms[0][2], terms[2][2], terms[3][2]) == (0, 2, 3)
+            and rank_of(y) == 4):
+        return False
+    return (x.meta.get("qpack_batch", x) is y.meta.get("qpack_batch", y)
+            and x.meta.get("qpack_hw", x) is y.meta.get("qpack_hw", y))
+
+
+def _shape_term(shapes, view, i):
+    """Term i of a view's target shape (_Shapes.terms)."""
+    return shapes.terms(view)[i]
+
+
 def _concrete(term):
     """The number a shape term (_Shapes.terms) stands for in a trace specialized to
     example shapes, else None."""
@@ -1625,8 +1644,11 @@ def _constant_view(gm, a):
         except LookupError:
             return None
         flat = index if isinstance(index, tuple) else (index,)
-        if base is None or not any(isinstance(i, torch.Tensor) for i in flat):
-            return None  # a basic slice stays a view of the module's tensor, not a copy
+        ours = a.args[0].op == "get_attr" and str(a.args[0].target).startswith("_qpack_constant_")
+        if base is None or not (ours or any(isinstance(i, torch.Tensor) for i in flat)):
+            # a basic slice stays a view of the module's tensor, not a copy (of a constant
+            # folded here, EfficientViT-M's biases gathered then indexed by head, it is one)
+            return None
         with torch.no_grad():
             try:
                 t = base.detach()[index]
@@ -1805,7 +1827,11 @@ def _batch(node, modules):
     its input's dim 0: layers, pooling, elementwise ops on one batch, flatten(1),
     cat along dim >= 1, means that keep dim 0)."""
     def of(a):
-        return a.meta.get("qpack_batch", a) if isinstance(a, torch.fx.Node) else None
+        if not isinstance(a, torch.fx.Node):
+            return None
+        if "qpack_batch" not in a.meta and a.op == "call_function" and a.target in _REWRITTEN:
+            return _batch(a, modules)  # made by a rewrite, after the walk that sets the meta
+        return a.meta.get("qpack_batch", a)
 
     x = node.args[0] if node.args else None
     if not isinstance(x, torch.fx.Node) and not (node.op == "call_function" and node.target is torch.cat):
@@ -1822,7 +1848,8 @@ def _batch(node, modules):
             node.op == "call_method" and node.target in _SAME_RANK_METHODS - {"transpose"}):
         batches = {of(a) for a in node.args if isinstance(a, torch.fx.Node)}
         keeps = len(batches) == 1
-    elif node.op == "call_function" and node.target in (F.adaptive_avg_pool2d, F.adaptive_avg_pool1d, resize_like):
+    elif node.op == "call_function" and node.target in (F.adaptive_avg_pool2d, F.adaptive_avg_pool1d, resize_like,
+                                                          image_to_tokens, tokens_to_image):
         keeps = True
     elif (node.op == "call_function" and node.target is torch.flatten) or (
             node.op == "call_method" and node.target == "flatten"):
@@ -1831,6 +1858,56 @@ def _batch(node, modules):
         mean = _mean_dims(node)
         keeps = mean is not None and 0 not in mean[1]
     return of(x) if keeps else node
+
+
+# ops canonicalize writes in place of others, after the walk that sets each node's meta
+_REWRITTEN = (channel_part, channel_range, tokens_to_image)
+
+_KEEP_HW_FUNCS = {F.relu, torch.relu, F.relu_, torch.relu_, F.relu6, F.hardtanh, F.hardtanh_, F.hardswish,
+                  torch.sigmoid, F.silu, F.gelu, F.hardsigmoid, F.leaky_relu, torch.tanh, F.dropout, F.dropout2d,
+                  torch.clamp, channel_part, channel_range, channel_scale, layer_norm2d, operator.add, operator.iadd,
+                  torch.add, operator.mul, operator.imul, torch.mul, torch.cat, operator.getitem}
+
+
+def _spatial(node, modules):
+    """The rank-4 value whose H and W (dims 2, 3) this node's rank-4 value has (itself
+    unless its op keeps them: a stride-1 convolution padded to its input's size,
+    BatchNorm, activations, channel parts and concats, elementwise ops of values that
+    have them, tokens back to an image of them)."""
+    def of(a):
+        if not isinstance(a, torch.fx.Node):
+            return None
+        if "qpack_hw" not in a.meta and a.op == "call_function" and a.target in _REWRITTEN:
+            return _spatial(a, modules)  # made by a rewrite, after the walk that sets the meta
+        return a.meta.get("qpack_hw", a)
+
+    if rank_of(node) != 4:
+        return node
+    if node.op == "call_function" and node.target is tokens_to_image:
+        return of(node.args[1])
+    x = node.args[0] if node.args else None
+    if node.op == "call_module":
+        m = modules.get(node.target)
+        if isinstance(m, (FrozenConv2d, nn.Conv2d)):
+            k, p, d, st = (tuple(a) if isinstance(a, (tuple, list)) else (a, a)
+                           for a in (m.kernel_size, m.padding, m.dilation, m.stride))
+            same = not isinstance(m.padding, str) and st == (1, 1) and all(
+                2 * p[i] == d[i] * (k[i] - 1) for i in range(2))
+            return of(x) if same else node
+        return of(x) if isinstance(m, _SAME_RANK_MODULES + (nn.BatchNorm2d,)) else node
+    if node.op == "call_function" and node.target is operator.getitem:
+        return of(x) if isinstance(node.args[1], int) and x.op in ("call_method", "call_function") and (
+            x.target in ("split", "chunk", torch.split, torch.chunk)) and _dim_arg(x, 2, "dim", 0) == 1 else node
+    if node.op == "call_function" and node.target is torch.cat:
+        parts = node.args[0] if isinstance(node.args[0], (tuple, list)) else ()
+        hws = {of(t) for t in parts}
+        return hws.pop() if _dim_arg(node, 1, "dim", 0) == 1 and len(hws) == 1 and None not in hws else node
+    if (node.op == "call_function" and node.target in _KEEP_HW_FUNCS) or (
+            node.op == "call_method" and node.target in _SAME_RANK_METHODS - {"transpose", "permute", "view",
+                                                                               "reshape", "flatten"}):
+        hws = {of(a) for a in node.args if isinstance(a, torch.fx.Node) and rank_of(a) == 4}
+        return hws.pop() if len(hws) == 1 else node
+    return node
 
 
 def _unit_dims(node, modules):
@@ -1907,15 +1984,11 @@ def _causal_fill(x, gm):
     return x.args[0], [x, cond, sl]
 
 
-def _explicit_attention(node, gm=None):
-    """(q, k transposed, v, mask or None, scale, causal, the nodes it replaces) when node
-    is ``softmax((q @ kt) * c [+ mask], dim=-1) @ v`` (the scale also as ``(q * c) @ kt``,
-    ``/ c`` or none; LeViT's attention with its bias table, timm's unfused attention;
-    or a causal mask filled in, _causal_fill), every value in between read by the next
-    op only; else None."""
-    if not _is_matmul(node):
-        return None
-    p, v = node.args
+def _softmax_scores(p, gm=None):
+    """(q side, k side, mask or None, scale, causal, the nodes it replaces) when p is
+    ``softmax((qs @ ks) * c [+ mask], dim=-1)`` (the scale also as ``(qs * c) @ ks``,
+    ``/ c`` or none; or a causal mask filled in, _causal_fill), every value in between
+    read by the next op only; else None."""
     if not (isinstance(p, torch.fx.Node) and len(p.users) == 1 and p.args):
         return None
     x = p.args[0]
@@ -1925,7 +1998,7 @@ def _explicit_attention(node, gm=None):
             or set(p.kwargs) - {"dim", "_stacklevel", "dtype"} or p.kwargs.get("dtype") is not None \
             or len(p.args) > 2 or not (dim == -1 or (dim is not None and dim == (rank_of(x) or 0) - 1)):
         return None  # (F.softmax's _stacklevel only picks a warning's frame)
-    replaced, mask, causal = [node, p], None, False
+    replaced, mask, causal = [p], None, False
     filled = _causal_fill(x, gm) if gm is not None else None
     if filled is not None:
         x, dropped = filled
@@ -1952,9 +2025,82 @@ def _explicit_attention(node, gm=None):
         replaced.append(q)
         q, c = pre
         scale *= c
-    if not (isinstance(q, torch.fx.Node) and isinstance(kt, torch.fx.Node) and isinstance(v, torch.fx.Node)):
+    if not (isinstance(q, torch.fx.Node) and isinstance(kt, torch.fx.Node)):
         return None
-    return q, kt, v, mask, scale, causal, replaced
+    return q, kt, mask, scale, causal, replaced
+
+
+def _explicit_attention(node, gm=None):
+    """(q, k transposed, v, mask or None, scale, causal, the nodes it replaces) when node
+    is ``softmax((q @ kt) * c [+ mask], dim=-1) @ v`` (_softmax_scores: LeViT's attention
+    with its bias table, timm's unfused attention, nanoGPT's causal fill); else None."""
+    if not _is_matmul(node):
+        return None
+    p, v = node.args
+    scores = _softmax_scores(p, gm)
+    if scores is None or not isinstance(v, torch.fx.Node):
+        return None
+    q, kt, mask, scale, causal, replaced = scores
+    return q, kt, v, mask, scale, causal, [node] + replaced
+
+
+def _flat_image(n):
+    """x when n is ``x.flatten(2)`` (``torch.flatten(x, 2)``) of a rank-4 x, read by one
+    op only; else None."""
+    if not (isinstance(n, torch.fx.Node) and len(n.users) == 1 and n.args and isinstance(n.args[0], torch.fx.Node)
+            and ((n.op == "call_method" and n.target == "flatten") or
+                 (n.op == "call_function" and n.target is torch.flatten))):
+        return None
+    if _dim_arg(n, 1, "start_dim", 0) != 2 or _dim_arg(n, 2, "end_dim", -1) not in (-1, 3) \
+            or rank_of(n.args[0]) != 4:
+        return None
+    return n.args[0]
+
+
+def _channels_first_attention(node, gm, shapes):
+    """(q, k, v images, mask, scale, the view, the image whose H and W it takes, nodes it
+    replaces) when node is ``v.flatten(2) @ A.transpose(-2, -1)`` with A
+    ``softmax((q.flatten(2).transpose(-2, -1) @ k.flatten(2)) [* c] [+ bias], dim=-1)``
+    (the scale also on q's tokens), read by a ``view(N, C, H, W)`` of one image's H and W:
+    one head of attention over images' pixels as tokens and their channels as features
+    (timm's EfficientViT-M: q through a depthwise convolution, k and v a 1x1's channels);
+    else None."""
+    if not (_is_matmul(node) and len(node.users) == 1):
+        return None
+    vf, at = node.args
+    v = _flat_image(vf)
+    swapped = isinstance(at, torch.fx.Node) and (_swaps_last_two_of_rank3(at) or (
+        at.target in ("transpose", torch.transpose) and len(at.args) == 3 and not at.kwargs
+        and set(at.args[1:]) == {-2, -1}))  # (the scores' rank: the matmul's, not known)
+    if v is None or not (swapped and len(at.users) == 1):
+        return None
+    scores = _softmax_scores(at.args[0], gm)
+    if scores is None:
+        return None
+    qt, kf, mask, scale, causal, replaced = scores
+    k = _flat_image(kf)
+    if k is None or causal or not (_swaps_last_two_of_rank3(qt) and len(qt.users) == 1):
+        return None
+    qs = qt.args[0]
+    pre = _by_number(qs)
+    dead = [node, at] + replaced + [qt]
+    if pre is not None:  # (q.flatten(2) * c).transpose(-2, -1)
+        dead.append(qs)
+        qs, c = pre
+        scale *= c
+    q = _flat_image(qs)
+    if q is None:
+        return None
+    view = next(iter(node.users))
+    terms = shapes.terms(view)
+    if terms is None or len(terms) != 4 or view.args[0] is not node:
+        return None
+    d0, c, h, w = terms
+    if not (isinstance(d0, tuple) and d0[0] == "dim" and d0[2] == 0 and isinstance(h, tuple)
+            and isinstance(w, tuple) and h[0] == w[0] == "dim" and h[1] is w[1] and (h[2], w[2]) == (2, 3)
+            and rank_of(h[1]) == 4 and (isinstance(c, int) or c == ("dim", v, 1))):
+        return None
+    return q, k, v, mask, scale, view, h[1], dead + [qs, kf, vf]
 
 
 def _through_identity(t, modules):
@@ -2354,6 +2500,26 @@ def canonicalize(gm):
             if not heads(node):
                 node.target = _attention.scaled_dot_product_attention
             continue
+        if (cf := _channels_first_attention(node, gm, shapes)) is not None and cf[0].meta.get(
+                "qpack_channels") is not None and cf[0].meta["qpack_channels"] == cf[1].meta.get(
+                "qpack_channels") and cf[2].meta.get("qpack_channels") is not None and (
+                not isinstance(_shape_term(shapes, cf[5], 1), int)
+                or _shape_term(shapes, cf[5], 1) == cf[2].meta["qpack_channels"]):
+            # one head over an image's pixels (EfficientViT-M): the images' tokens, the
+            # core's attention, the tokens back to the image
+            q, k, v, mask, scale, view, like, dead = cf
+            d, dv = q.meta["qpack_channels"], v.meta["qpack_channels"]
+            with g.inserting_before(view):
+                tokens = [g.call_function(image_to_tokens, (x,)) for x in (q, k, v)]
+                att = g.call_function(heads_attention, (*tokens, 1, d, dv, (0, 0, 0), float(scale), False, mask))
+            for t, x in zip(tokens + [att], (q, k, v, q)):
+                t.meta.update(qpack_rank=3, qpack_batch=x.meta.get("qpack_batch", x))
+            new = replace(view, tokens_to_image, (att, like))
+            new.meta.update(qpack_rank=4, qpack_batch=att.meta["qpack_batch"])
+            for d_ in dead:
+                g.erase_node(d_)
+                erased.add(d_)
+            continue
         if (att := _explicit_attention(node, gm)) is not None:
             # one call of the core's attention (with the bias as its mask) for the ops spelled out
             q, kt, v, mask, scale, causal, dead = att
@@ -2419,6 +2585,14 @@ def canonicalize(gm):
             node.meta["qpack_shape_value"] = True  # a size or a number made of sizes, not a tensor
         terms = shapes.terms(node)
         x = node.args[0] if node.args else None
+        if (terms is not None and isinstance(x, torch.fx.Node) and rank_of(x) == len(terms) and terms.count(-1) <= 1
+                and (all(a == -1 or a == ("dim", x, i) for i, a in enumerate(terms)) or _own_image_view(x, terms))):
+            # a view of a value as its own shape (EfficientViT-M's view(B, -1, H, W) of a
+            # convolution's output, B, H and W the block input's): the value
+            node.replace_all_uses_with(x)
+            g.erase_node(node)
+            erased.add(node)
+            continue
         if (terms is not None and len(terms) == 2 and terms[1] == -1 and isinstance(terms[0], tuple)
                 and terms[0][0] == "dim" and terms[0][2] == 0
                 and terms[0][1].meta.get("qpack_batch", terms[0][1]) is x.meta.get("qpack_batch", x)):
@@ -2570,6 +2744,9 @@ def canonicalize(gm):
         batch = _batch(node, modules)
         if batch is not node:
             node.meta["qpack_batch"] = batch
+        hw = _spatial(node, modules)
+        if hw is not node:
+            node.meta["qpack_hw"] = hw
     # shape arithmetic nothing reads any more
     for node in reversed(list(g.nodes)):
         if not node.users and (node in shapes.sym or _rank_query(node) is not None or (

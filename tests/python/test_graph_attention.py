@@ -503,3 +503,92 @@ def test_the_transpose_node_between_images_and_tokens():
         back.run([torch.randn(2, 11, 5).numpy(), like.numpy()], ["nchw", "nchw"], "nchw")
     got = torch.from_numpy(back.run([t.numpy(), like.numpy()], ["nchw", "nchw"], "nchw")[0])
     assert torch.equal(got, t.transpose(1, 2).reshape(2, 5, 3, 4))
+
+
+class CascadedHeads(nn.Module):
+    """timm's EfficientViT-M attention: heads over an image's pixels, each on a channel
+    group plus the previous head's output (cascaded), q through a depthwise convolution,
+    ``q.flatten(2).transpose(-2, -1) @ k.flatten(2)`` plus a position bias gathered from a
+    table and indexed by head, ``v.flatten(2) @ attn.transpose(-2, -1)`` viewed back as the
+    image (``view(B, -1, H, W)`` of the qkv convolution first)."""
+
+    def __init__(self, dim=16, heads=2, kd=4, vd=8, res=5):
+        super().__init__()
+        self.kd, self.vd, self.scale = kd, vd, kd ** -0.5
+        self.stem = nn.Conv2d(dim, dim, 1)  # (the block's input of known rank, as in the model)
+        self.qkvs = nn.ModuleList(nn.Conv2d(dim // heads, 2 * kd + vd, 1) for _ in range(heads))
+        self.dws = nn.ModuleList(nn.Conv2d(kd, kd, 3, 1, 1, groups=kd) for _ in range(heads))
+        self.proj = nn.Sequential(nn.ReLU(), nn.Conv2d(vd * heads, dim, 1))
+        points = [(i, j) for i in range(res) for j in range(res)]
+        offsets, idxs = {}, []
+        for p in points:
+            for q in points:
+                idxs.append(offsets.setdefault((abs(p[0] - q[0]), abs(p[1] - q[1])), len(offsets)))
+        self.attention_biases = nn.Parameter(torch.randn(heads, len(offsets)))
+        self.register_buffer("idxs", torch.tensor(idxs).view(len(points), len(points)), persistent=False)
+
+    def forward(self, x):
+        x = self.stem(x)
+        B, C, H, W = x.shape
+        feats_in = x.chunk(len(self.qkvs), dim=1)
+        bias = self.attention_biases[:, self.idxs]
+        out, feat = [], feats_in[0]
+        for i, (qkv, dw) in enumerate(zip(self.qkvs, self.dws)):
+            if i > 0:
+                feat = feat + feats_in[i]
+            feat = qkv(feat)
+            q, k, v = feat.view(B, -1, H, W).split([self.kd, self.kd, self.vd], dim=1)
+            q = dw(q)
+            q, k, v = q.flatten(2), k.flatten(2), v.flatten(2)
+            q = q * self.scale
+            attn = (q.transpose(-2, -1) @ k + bias[i]).softmax(dim=-1)
+            feat = (v @ attn.transpose(-2, -1)).view(B, self.vd, H, W)
+            out.append(feat)
+        return self.proj(torch.cat(out, 1))
+
+
+def test_attention_over_an_images_pixels_is_the_graphs_node():
+    """Each cascaded head is one attention node of one graph (it had been 11 PyTorch ops
+    between graphs: timm's efficientvit_m0 80 -> 8 graphs), eager's values."""
+    torch.manual_seed(11)
+    model = CascadedHeads().eval()
+    f = qpack.freeze(model, progress=False)
+    runner = G.runner_of(f)
+    assert runner.num_segments == 1, qpack.graph_report(f)
+    assert len(attention_nodes(f)) == 2
+    x = torch.randn(2, 16, 5, 5)
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int8_attention_over_an_images_pixels_within_one_quantum(backend):
+    torch.manual_seed(12)
+    model = CascadedHeads().eval()
+    calib = [torch.randn(2, 16, 5, 5) for _ in range(3)]
+    f = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False)
+    assert len(attention_nodes(f)) == 2
+    assert_within_reference(f, model, calib[1], calib[1])
+
+
+def test_a_view_of_an_image_as_another_size_is_not_taken_for_itself():
+    """view(B, -1, H, W) with another value's H and W is the image itself only where the
+    image has them: a strided convolution's output viewed with its input's H and W keeps
+    PyTorch's view (and its values)."""
+    class Strided(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 16, 3, 2, 1)
+
+        def forward(self, x):
+            B, C, H, W = x.shape
+            return self.conv(x).view(B, -1, H, W) * 2
+
+    torch.manual_seed(13)
+    model = Strided().eval()
+    f = qpack.freeze(model, progress=False)
+    x = torch.randn(2, 4, 6, 6)
+    with torch.no_grad():
+        y = f(x)
+        assert y.shape == (2, 4, 6, 6)
+        assert rel_err(y, model(x)) < 1e-5
