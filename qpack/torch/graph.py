@@ -1822,16 +1822,23 @@ def _rank(node, modules):
     return None
 
 
+def _source_of(a, key, find, modules):
+    """The value a node's meta ``key`` names (qpack_batch by _batch, qpack_hw by _spatial:
+    the value whose dims it shares), itself when none; found now for a node a rewrite
+    made after the walk that sets the meta; None for a non-node."""
+    if not isinstance(a, torch.fx.Node):
+        return None
+    if key not in a.meta and a.op == "call_function" and a.target in _REWRITTEN:
+        return find(a, modules)
+    return a.meta.get(key, a)
+
+
 def _batch(node, modules):
     """The value whose dim 0 this node's value has (itself unless its op keeps
     its input's dim 0: layers, pooling, elementwise ops on one batch, flatten(1),
     cat along dim >= 1, means that keep dim 0)."""
     def of(a):
-        if not isinstance(a, torch.fx.Node):
-            return None
-        if "qpack_batch" not in a.meta and a.op == "call_function" and a.target in _REWRITTEN:
-            return _batch(a, modules)  # made by a rewrite, after the walk that sets the meta
-        return a.meta.get("qpack_batch", a)
+        return _source_of(a, "qpack_batch", _batch, modules)
 
     x = node.args[0] if node.args else None
     if not isinstance(x, torch.fx.Node) and not (node.op == "call_function" and node.target is torch.cat):
@@ -1875,11 +1882,7 @@ def _spatial(node, modules):
     BatchNorm, activations, channel parts and concats, elementwise ops of values that
     have them, tokens back to an image of them)."""
     def of(a):
-        if not isinstance(a, torch.fx.Node):
-            return None
-        if "qpack_hw" not in a.meta and a.op == "call_function" and a.target in _REWRITTEN:
-            return _spatial(a, modules)  # made by a rewrite, after the walk that sets the meta
-        return a.meta.get("qpack_hw", a)
+        return _source_of(a, "qpack_hw", _spatial, modules)
 
     if rank_of(node) != 4:
         return node
