@@ -826,9 +826,19 @@ class Specialized:
                 pass
         return p
 
+    def _attribute(self, target):
+        v = self.root
+        for part in target.split("."):
+            v = getattr(v, part)
+        return v
+
     def _run(self, node):
         def value(n):
             v = n.meta.get("qpack_value", _NO_VALUE)
+            if v is _NO_VALUE and n.op == "get_attr":
+                # a tensor fx made a constant of (create_arg's _tensor_constant: a value the
+                # forward cached in its module on an earlier call, timm's attention biases)
+                v = n.meta["qpack_value"] = self._attribute(n.target)
             if v is _NO_VALUE:
                 raise LookupError(n.name)
             return v
@@ -839,10 +849,7 @@ class Specialized:
         with _REVERT_PATCHES(), torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the op's own, which eager gives anyway
             if node.op == "get_attr":
-                v = self.root
-                for part in node.target.split("."):
-                    v = getattr(v, part)
-                return v
+                return self._attribute(node.target)
             if node.op == "call_function":
                 return node.target(*args, **kwargs)
             if node.op == "call_method":

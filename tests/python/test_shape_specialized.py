@@ -208,3 +208,34 @@ def test_the_specialization_survives_copies_and_files(tmp_path):
             with pytest.warns(qpack.torch.freeze.FreezeWarning, match="traced for inputs of shape"):
                 y = torch.randn(1, 3, 16, 16)
                 assert rel_err(g(y), model(y)) < 1e-5
+
+
+class CachesATensor(SizeReader):
+    """timm's attention biases: a tensor its forward caches in the module on a first call
+    (in inference mode here), a constant of later traces."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(16))
+        self.cache = {}
+
+    def forward(self, x):
+        if "cpu" not in self.cache:
+            self.cache["cpu"] = self.table.view(1, -1, 1, 1) * 2
+        x = self.stem(x) + self.cache["cpu"]  # (a value whose sizes are read next)
+        _, _, h, w = x.shape
+        if h % 2 or w % 2:
+            x = F.interpolate(x, size=(h + h % 2, w + w % 2), mode="bilinear", align_corners=False)
+        return self.head(self.block(x))
+
+
+def test_a_tensor_cached_by_an_earlier_call_is_a_constant_of_the_trace():
+    torch.manual_seed(7)
+    model = randomize_bn(CachesATensor()).eval()
+    x = torch.randn(1, 3, 14, 18)
+    with torch.inference_mode():
+        model(x)  # fills the cache with an inference tensor
+    f = qpack.freeze(model, example_inputs=x, progress=False)
+    assert G.runner_of(f) is not None and G.runner_of(f)._specialized is not None
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-5
