@@ -57,8 +57,15 @@ def ms(fn, x):
 
 
 def graphs(f):
-    report = qpack.graph_report(f) or "no graph"
-    return report.strip().splitlines()[-1].split(" nodes in ")[-1].split(";")[0]
+    """How many core graphs a frozen model runs: "N graph(s)", or "N graph(s) in P parts"
+    when it runs as graphs of its submodules (its own forward did not trace)."""
+    report = qpack.graph_report(f)
+    if not report:
+        return "no graph"
+    totals = [ln for ln in report.splitlines() if " nodes in " in ln and " graph(s);" in ln]
+    n = sum(int(ln.split(" nodes in ")[1].split(" graph(s)")[0]) for ln in totals)
+    parts = report.count("(PyTorch around it):")
+    return f"{n} graph(s)" + (f" in {parts} parts" if report.startswith("submodule ") else "")
 
 
 def zoo_args(doc, batch=False):
