@@ -2670,6 +2670,12 @@ def canonicalize(gm):
             neg.meta.update(qpack_rank=rank_of(b), qpack_channels=channels_of(b))
             replace(node, operator.add, (a, neg))
             continue
+        elif (aff := _addcmul_affine(node, gm)) is not None:
+            # torch.addcmul(beta, alpha, x) with constants of the last dim (timm's ResMLP
+            # Affine) -> x * alpha + beta, one affine node
+            new = replace(node, last_dim_affine, aff)
+            new.meta["qpack_rank"] = rank_of(aff[0])
+            continue
         elif (bn := _flat_rows_bn(node, modules)) is not None:
             x, mod, flat = bn
             scale, shift = _bn_affine(mod.running_mean, mod.running_var, mod.weight, mod.bias, mod.eps)
@@ -2772,6 +2778,23 @@ def canonicalize(gm):
 # ---- segments: the parts of a trace the core runs ------------------------------------------
 
 _MIN_SEGMENT_NODES = 2  # a lone elementwise op is cheaper in PyTorch than crossing into the core
+
+
+def _addcmul_affine(node, gm):
+    """(x, alpha, beta) when node is ``torch.addcmul(beta, alpha, x)`` (or ``(beta, x,
+    alpha)``) of a value x and two constants of one last dim (_last_dim_constant), the
+    value factor 1; else None."""
+    if not (node.op == "call_function" and node.target is torch.addcmul and len(node.args) == 3
+            and set(node.kwargs) <= {"value"} and node.kwargs.get("value", 1) == 1):
+        return None
+    beta, a, b = node.args
+    for alpha, x in ((a, b), (b, a)):
+        ts = [_attr_tensor(gm, t) for t in (alpha, beta)]
+        if (isinstance(x, torch.fx.Node) and x.op != "get_attr" and all(
+                t is not None and _last_dim_constant(t) and t.dtype == torch.float32 for t in ts)
+                and ts[0].numel() == ts[1].numel()):
+            return x, alpha, beta
+    return None
 
 
 def _last_dim_constant(t):

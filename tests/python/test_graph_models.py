@@ -910,3 +910,52 @@ def test_max_pool_of_any_channel_count_matches_pytorch(dtype, channels):
     got = torch.from_numpy(h.run([xf.permute(0, 2, 3, 1).contiguous().numpy()], ["nhwc"], "nchw")[0])
     want = F.max_pool2d(x.float(), 3, 2, 1)
     assert torch.equal(got.float(), want)
+
+
+class AddcmulAffine(nn.Module):
+    """timm's ResMLP Affine: torch.addcmul(beta, alpha, x) with [1, 1, C] parameters."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.alpha, self.beta = nn.Parameter(torch.randn(1, 1, c)), nn.Parameter(torch.randn(1, 1, c))
+
+    def forward(self, x):
+        return torch.addcmul(self.beta, self.alpha, x)
+
+
+class ResMLPBlock(nn.Module):
+    def __init__(self, c=16, tokens=9):
+        super().__init__()
+        self.embed = nn.Conv2d(3, c, 2, 2)
+        self.norm1, self.norm2 = AddcmulAffine(c), AddcmulAffine(c)
+        self.tokens, self.mlp = nn.Linear(tokens, tokens), nn.Linear(c, c)
+
+    def forward(self, x):
+        x = self.embed(x).flatten(2).transpose(1, 2)
+        x = x + self.tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.mlp(self.norm2(x))
+
+
+@pytest.mark.parametrize("backend", [None] + BACKENDS)
+def test_addcmul_of_last_dim_constants_is_an_affine_node(backend):
+    """ResMLP's Affine (torch.addcmul) is one affine node: the block is one graph (timm's
+    resmlp_12_224 38 -> 2 graphs), eager's values; int8 within the per-edge reference."""
+    torch.manual_seed(14)
+    model = ResMLPBlock().eval()
+    x = torch.randn(2, 3, 6, 6)
+    if backend is None:
+        f = qpack.freeze(model, progress=False)
+    else:
+        f = qpack.freeze(model, dtype="int8", example_inputs=[torch.randn(2, 3, 6, 6) for _ in range(3)] + [x],
+                         backend=backend, progress=False)
+    runner = G.runner_of(f)
+    assert runner is not None and runner.num_segments == 1, qpack.graph_report(f)
+    assert [n["kind"] for n in runner._spec["nodes"]].count("affine") == 2
+    with torch.no_grad():
+        if backend is None:
+            assert rel_err(f(x), model(x)) < 1e-5
+        else:
+            spec = runner._spec
+            out_s = spec["values"][spec["nodes"][-1]["inputs"][0]][1]
+            assert float((f(x) - per_edge_reference(f, x)).abs().max()) <= 2 * out_s + 1e-6
+            assert rel_err(f(x), model(x)) < 0.1
