@@ -787,17 +787,40 @@ class _ShapeProxy(_CpuProxy):
 _REVERT_PATCHES = getattr(torch.fx._symbolic_trace, "_maybe_revert_all_patches", None)
 
 
+def _meta(v):
+    """A tensor's stand-in on the meta device (its shape and dtype, no data), else v."""
+    return v.to("meta") if isinstance(v, torch.Tensor) and v.device.type != "meta" else v
+
+
+def _on_meta(m, args, kwargs):
+    """A leaf module's output on meta values: a frozen layer's by its geometry, a torch
+    module's with its parameters and buffers on the meta device."""
+    if isinstance(m, FrozenLinear):
+        (x,) = args
+        return x.new_empty(tuple(x.shape[:-1]) + (m.out_features,))
+    if isinstance(m, (FrozenConv1d, FrozenConv2d)):
+        (x,) = args
+        conv = F.conv1d if isinstance(m, FrozenConv1d) else F.conv2d
+        w = torch.empty((m.out_channels, m.in_channels // m.groups, *m.kernel_size), device="meta", dtype=x.dtype)
+        return conv(x, w, None, m.stride, m.padding, m.dilation, m.groups)
+    if isinstance(m, FrozenMultiheadAttention):
+        raise LookupError("no meta forward")  # (sizes read after it stay symbolic)
+    tensors = {k: _meta(t) for k, t in list(m.named_parameters()) + list(m.named_buffers())}
+    return torch.func.functional_call(m, tensors, tuple(args), kwargs)
+
+
 class Specialized:
-    """A tracer mixin that runs each traced op on the values the example inputs give
-    (leaf layers included: one forward), for a forward whose Python reads its inputs'
-    sizes (``if H % p:``, ``math.ceil(H / p)``): those sizes are then the example's
-    (_SizeInt), and what Python computes from them constants of the graph. Values of
-    data-shaped ops (nonzero, item...) are not kept, so a size read off one stays
-    symbolic (and fails as before); control flow on values fails as before."""
+    """A tracer mixin that runs each traced op on meta tensors of the shapes the example
+    inputs give (leaf layers by their geometry, _on_meta: no data, no compute), for a
+    forward whose Python reads its inputs' sizes (``if H % p:``, ``math.ceil(H / p)``):
+    those sizes are then the example's (_SizeInt), and what Python computes from them
+    constants of the graph. Values of data-shaped ops (nonzero, item...) are not kept,
+    so a size read off one stays symbolic (and fails as before); control flow on values
+    fails as before."""
 
     def __init__(self, examples, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._examples = list(examples)
+        self._examples = [_meta(x) for x in examples]
         self._placeholders = 0
         self._sizes = {}  # (node, dim) -> its size node
 
@@ -830,7 +853,7 @@ class Specialized:
         v = self.root
         for part in target.split("."):
             v = getattr(v, part)
-        return v
+        return _meta(v)
 
     def _run(self, node):
         def value(n):
@@ -851,10 +874,10 @@ class Specialized:
             if node.op == "get_attr":
                 return self._attribute(node.target)
             if node.op == "call_function":
-                return node.target(*args, **kwargs)
+                return _meta(node.target(*args, **kwargs))
             if node.op == "call_method":
-                return getattr(args[0], node.target)(*args[1:], **kwargs)
-            return self.root.get_submodule(node.target)(*args, **kwargs)
+                return _meta(getattr(args[0], node.target)(*args[1:], **kwargs))
+            return _on_meta(self.root.get_submodule(node.target), args, kwargs)
 
 
 class _ShapeTracer(Specialized, _LayerLeaves):
@@ -862,9 +885,9 @@ class _ShapeTracer(Specialized, _LayerLeaves):
 
 
 def example_tensors(shapes):
-    """Inputs of ``shapes`` (example_shapes) for a specialized trace: zeros (the trace
-    reads their sizes, never their values)."""
-    return [torch.zeros(s, dtype=d) for s, d in shapes]
+    """Inputs of ``shapes`` (example_shapes) for a specialized trace: meta tensors (the
+    trace reads their sizes, never their values)."""
+    return [torch.empty(s, dtype=d, device="meta") for s, d in shapes]
 
 
 def example_shapes(example_inputs):
