@@ -123,6 +123,8 @@ def _is_spatial_mean(node):
     the mean over L of a rank-3 one) -> keepdim, else None. Negative dims count
     only where canonicalize() knew the rank: without it, (-2, -1) of a rank-3
     value would be read as the spatial dims of a rank-4 one."""
+    if node.op == "call_function" and node.target is _mean_last:
+        return node.args[1]
     mean = _mean_dims(node)
     if mean is None:
         return None
@@ -1315,6 +1317,21 @@ def _norm_dim(d, rank):
     return d + rank if rank is not None and d + rank >= 0 else None
 
 
+def _mean_last(t, keepdim):
+    """``t.mean(2, keepdim)`` of a rank-3 value: what canonicalize() makes of tokens'
+    ``x.mean(1)`` (after transposing them); the core runs it as a global average pool."""
+    return t.mean(2, keepdim=keepdim)
+
+
+def _tokens_mean(node):
+    """(x, keepdim) when node is ``x.mean(1)`` (``dim=1``, ``[1]``, ``-2``) of a rank-3 x;
+    else None."""
+    mean = _mean_dims(node)
+    if mean is None or rank_of(mean[0]) != 3 or mean[1] != [1]:
+        return None
+    return mean[0], mean[2]
+
+
 def _mean_dims(node):
     """(input, dims normalized, keepdim) of x.mean(dims) / torch.mean(x, dims), else None."""
     if not ((node.op == "call_method" and node.target == "mean") or
@@ -1886,7 +1903,7 @@ def _batch(node, modules):
         batches = {of(a) for a in node.args if isinstance(a, torch.fx.Node)}
         keeps = len(batches) == 1
     elif node.op == "call_function" and node.target in (F.adaptive_avg_pool2d, F.adaptive_avg_pool1d, resize_like,
-                                                          image_to_tokens, tokens_to_image):
+                                                          image_to_tokens, tokens_to_image, _mean_last):
         keeps = True
     elif (node.op == "call_function" and node.target is torch.flatten) or (
             node.op == "call_method" and node.target == "flatten"):
@@ -2715,6 +2732,16 @@ def canonicalize(gm):
             for dead in (bn_node, flat):
                 g.erase_node(dead)
                 erased.add(dead)
+            continue
+        elif (tm := _tokens_mean(node)) is not None:
+            # x.mean(1) of tokens [N, L, C] (a transformer's average-pool head: EfficientFormer,
+            # LeViT, ResMLP) -> x.transpose(1, 2).mean(2): a transpose and a global average pool
+            x, keepdim = tm
+            with g.inserting_before(node):
+                t = g.call_method("transpose", (x, 1, 2))
+            t.meta.update(qpack_rank=3, qpack_batch=x.meta.get("qpack_batch", x))
+            new = replace(node, _mean_last, (t, keepdim))
+            new.meta["qpack_rank"] = 3 if keepdim else 2
             continue
         elif node.op == "call_method" and node.target == "squeeze" and not node.kwargs and len(node.args) == 2:
             # [N, C, 1] -> [N, C], and [N, C, 1, 1] squeezed twice

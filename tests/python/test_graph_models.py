@@ -928,18 +928,20 @@ class ResMLPBlock(nn.Module):
         super().__init__()
         self.embed = nn.Conv2d(3, c, 2, 2)
         self.norm1, self.norm2 = AddcmulAffine(c), AddcmulAffine(c)
-        self.tokens, self.mlp = nn.Linear(tokens, tokens), nn.Linear(c, c)
+        self.tokens, self.mlp, self.head = nn.Linear(tokens, tokens), nn.Linear(c, c), nn.Linear(c, 3)
 
     def forward(self, x):
         x = self.embed(x).flatten(2).transpose(1, 2)
         x = x + self.tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2)
-        return x + self.mlp(self.norm2(x))
+        x = x + self.mlp(self.norm2(x))
+        return self.head(x.mean(dim=1))  # (the average-pool head over tokens)
 
 
 @pytest.mark.parametrize("backend", [None] + BACKENDS)
 def test_addcmul_of_last_dim_constants_is_an_affine_node(backend):
-    """ResMLP's Affine (torch.addcmul) is one affine node: the block is one graph (timm's
-    resmlp_12_224 38 -> 2 graphs), eager's values; int8 within the per-edge reference."""
+    """ResMLP's Affine (torch.addcmul) is one affine node and its head's mean over tokens a
+    transpose and a global average pool: the model is one graph (timm's resmlp_12_224 38 ->
+    1 graph), eager's values; int8 within the per-edge reference."""
     torch.manual_seed(14)
     model = ResMLPBlock().eval()
     x = torch.randn(2, 3, 6, 6)
@@ -950,7 +952,8 @@ def test_addcmul_of_last_dim_constants_is_an_affine_node(backend):
                          backend=backend, progress=False)
     runner = G.runner_of(f)
     assert runner is not None and runner.num_segments == 1, qpack.graph_report(f)
-    assert [n["kind"] for n in runner._spec["nodes"]].count("affine") == 2
+    kinds = [n["kind"] for n in runner._spec["nodes"]]
+    assert kinds.count("affine") == 2 and "global_avgpool" in kinds, kinds
     with torch.no_grad():
         if backend is None:
             assert rel_err(f(x), model(x)) < 1e-5
