@@ -2270,6 +2270,23 @@ def _head_view(t, modules, shapes):
             return sorted(_norm_dim(a, 4) for a in node.args[1:]) == [1, 2]
         return False
 
+    if isinstance(t, torch.fx.Node) and t.op == "call_function" and t.target is operator.getitem \
+            and len(t.users) == 1 and isinstance(t.args[1], int) and t.args[1] >= 0:
+        # part i of each head's group, split after the heads were moved forward
+        # (EfficientFormer's reshape(B, N, H, -1).permute(0, 2, 1, 3).split([kd, kd, vd], dim=3))
+        p = t.args[0]
+        if isinstance(p, torch.fx.Node) and p.target in ("split", torch.split) and len(p.args) >= 2 \
+                and _dim_arg(p, 2, "dim", 0) in (-1, 3) and isinstance(p.args[1], (list, tuple)) \
+                and all(isinstance(a, int) and a >= 1 for a in p.args[1]) and t.args[1] < len(p.args[1]) \
+                and isinstance(p.args[0], torch.fx.Node) and p.args[0].op == "call_method" \
+                and p.args[0].target == "permute" and tuple(_sizes(p.args[0].args[1:])) == (0, 2, 1, 3):
+            got = sized(p.args[0].args[0], 2)
+            if got is None or got[1][1] != sum(p.args[1]):
+                return None
+            x, (h, g), src, offset, nodes = got
+            i = t.args[1]
+            return (x, offset + sum(p.args[1][:i]), h, p.args[1][i],
+                    chain + [t, p, p.args[0], p.args[0].args[0]] + nodes, src, g)
     head = chain + [t]
     if swaps_last_two(t) and is_permute(t.args[0], (0, 2, 3, 1)):
         head.append(t.args[0])  # k^T's transpose: LeViT's k.permute(0, 2, 3, 1), transposed back

@@ -87,8 +87,9 @@ class Grouped(nn.Module):
     (``view(B, N, H, -1).split([kd, kd, vd], dim=3)``), k permuted to [B, H, D, N], spelled
     out with a bias table as the mask, the projection's BatchNorm over its tokens after it."""
 
-    def __init__(self, c=32, heads=4, kd=6, vd=10, tokens=10):
+    def __init__(self, c=32, heads=4, kd=6, vd=10, tokens=10, permuted=False):
         super().__init__()
+        self.permuted = permuted  # EfficientFormer's: heads moved forward, then split
         self.embed = nn.Conv1d(c, c, 1)  # tokens from a convolution, as LeViT's stem makes them
         self.qkv = nn.Linear(c, heads * (2 * kd + vd))
         self.bn = nn.BatchNorm1d(heads * (2 * kd + vd))
@@ -104,8 +105,12 @@ class Grouped(nn.Module):
         b, n, c = x.shape
         t = self.qkv(x)
         t = self.bn(t.flatten(0, 1)).reshape_as(t)
-        q, k, v = t.view(b, n, self.heads, -1).split([self.kd, self.kd, self.vd], dim=3)
-        q, k, v = q.permute(0, 2, 1, 3), k.permute(0, 2, 3, 1), v.permute(0, 2, 1, 3)
+        if self.permuted:
+            q, k, v = t.reshape(b, n, self.heads, -1).permute(0, 2, 1, 3).split([self.kd, self.kd, self.vd], dim=3)
+            k = k.transpose(-2, -1)
+        else:
+            q, k, v = t.view(b, n, self.heads, -1).split([self.kd, self.kd, self.vd], dim=3)
+            q, k, v = q.permute(0, 2, 1, 3), k.permute(0, 2, 3, 1), v.permute(0, 2, 1, 3)
         attn = (q @ k * self.scale + self.bias).softmax(dim=-1)
         return self.proj((attn @ v).transpose(1, 2).reshape(b, n, self.heads * self.vd))
 
@@ -179,6 +184,7 @@ CASES = {
     "nanogpt": lambda: NanoGPT(),
     "nanogpt-chunk": lambda: NanoGPT(chunk=True),
     "grouped": lambda: Grouped(),
+    "grouped-permuted": lambda: Grouped(permuted=True),
     "causal-fill": lambda: CausalFill(),
     "hand-written": lambda: HandWritten(),
     "hand-written-hf": lambda: HandWritten(hf=True),
@@ -207,14 +213,14 @@ def test_attention_is_one_node_of_one_graph_fp32(name):
     assert len(nodes) == 1
     with torch.no_grad():
         assert rel_err(f(x), model(x)) < 1e-5
-        x7 = x[:, :7] if "block" not in name and name != "grouped" else x  # other token counts (a bias fixes them)
+        x7 = x[:, :7] if "block" not in name and not name.startswith("grouped") else x  # other token counts (a bias fixes them)
         assert rel_err(f(x7), model(x7)) < 1e-5
     assert "attention" in (qpack.graph_report(f) or "")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", ["packed", "separate-causal-flat", "nanogpt", "grouped", "hand-written-hf",
-                                  "causal-fill", "block-bias"])
+@pytest.mark.parametrize("name", ["packed", "separate-causal-flat", "nanogpt", "grouped", "grouped-permuted",
+                                  "hand-written-hf", "causal-fill", "block-bias"])
 def test_int8_attention_node_within_one_quantum_of_its_reference(backend, name):
     model = build(name, seed=1)
     c = 32 if "separate" not in name else 24
@@ -226,7 +232,7 @@ def test_int8_attention_node_within_one_quantum_of_its_reference(backend, name):
     assert all(spec["values"][v][0] == "u8" for v in node["inputs"] + [node["output"]])
     x = calib[1]
     # (grouped's first transpose runs in PyTorch: the graph's input is its result)
-    assert_within_reference(f, model, x, x.transpose(1, 2) if name == "grouped" else x)
+    assert_within_reference(f, model, x, x.transpose(1, 2) if name.startswith("grouped") else x)
 
 
 def assert_within_reference(f, model, x, graph_input):
