@@ -2837,9 +2837,41 @@ def canonicalize(gm):
                 node.op == "call_function" and node.target in (operator.eq, operator.ne)
                 and _rank_query(node.args[0]) is not None)):
             g.erase_node(node)
+    _checks_last(g)
     g.lint()
     gm.recompile()
     return gm
+
+
+_SIZE_OPS = {operator.getitem, operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge,
+             operator.and_, operator.or_, operator.not_, operator.truth} | _SHAPE_ARITHMETIC
+
+
+def _checks_last(g):
+    """Moves each torch._assert on sizes (EfficientViT-M's ``_assert(H == H_, ...)`` on a
+    block input inside the graph), with the size reads and arithmetic only it reads, to
+    just before the output: checks of values inside a graph would otherwise split it
+    (PyTorch must hold a value to read its size). A failing one still raises, after the
+    ops that came before the output."""
+    out = next(n for n in reversed(g.nodes) if n.op == "output")
+    order = {n: i for i, n in enumerate(g.nodes)}
+
+    def size_only(n):
+        return (n.op == "call_function" and (n.target in _SIZE_OPS or (
+            n.target is getattr and n.args[1:] in (("shape",), ("ndim",)))) or (
+            n.op == "call_method" and n.target in ("size", "dim")))
+
+    # the asserts and the size reads and arithmetic whose every reader moves too (in
+    # reverse order: a node moves when all its readers do; x.shape unpacked for two
+    # asserts moves with both)
+    moving = set()
+    for n in reversed(list(g.nodes)):
+        if n.op == "call_function" and n.target is torch._assert and not n.users:
+            moving.add(n)
+        elif size_only(n) and n.users and all(u in moving for u in n.users):
+            moving.add(n)
+    for n in sorted(moving, key=order.get):
+        out.prepend(n)
 
 
 # ---- segments: the parts of a trace the core runs ------------------------------------------

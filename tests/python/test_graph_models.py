@@ -962,3 +962,35 @@ def test_addcmul_of_last_dim_constants_is_an_affine_node(backend):
             out_s = spec["values"][spec["nodes"][-1]["inputs"][0]][1]
             assert float((f(x) - per_edge_reference(f, x)).abs().max()) <= 2 * out_s + 1e-6
             assert rel_err(f(x), model(x)) < 0.1
+
+
+class CheckedSizes(nn.Module):
+    """EfficientViT-M's blocks: torch._assert on the sizes of a value inside the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 8, 3, 2, 1), nn.Conv2d(8, 4, 3, 1, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.conv1(x))
+        b, c, h, w = y.shape
+        torch._assert(h == 8, f"expected 8 rows, got {h}")
+        torch._assert(w == 8, f"expected 8 columns, got {w}")
+        return self.conv2(y) + 1
+
+
+def test_asserts_on_sizes_inside_the_graph_run_after_it():
+    """The checks move to the end of the forward with the size reads they make, so the
+    convolutions are one graph (timm's efficientvit_m0 8 -> 3 graphs); a check that fails
+    still raises."""
+    torch.manual_seed(15)
+    model = CheckedSizes().eval()
+    f = qpack.freeze(model, progress=False)
+    runner = G.runner_of(f)
+    assert runner is not None and runner.num_segments == 1, qpack.graph_report(f)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-5
+        with pytest.raises(AssertionError, match="expected 8 rows"):  # (its f-string as traced)
+            f(torch.randn(2, 3, 18, 16))
+        assert rel_err(f(x), model(x)) < 1e-5  # and it runs on
