@@ -2080,18 +2080,24 @@ def _softmax_scores(p, gm=None):
     return q, kt, mask, scale, causal, replaced
 
 
-def _explicit_attention(node, gm=None):
+def _explicit_attention(node, gm=None, modules=None):
     """(q, k transposed, v, mask or None, scale, causal, the nodes it replaces) when node
     is ``softmax((q @ kt) * c [+ mask], dim=-1) @ v`` (_softmax_scores: LeViT's attention
-    with its bias table, timm's unfused attention, nanoGPT's causal fill); else None."""
+    with its bias table, timm's unfused attention, nanoGPT's causal fill; an eval Dropout
+    between the softmax and the product, timm's attn_drop); else None."""
     if not _is_matmul(node):
         return None
     p, v = node.args
+    skipped = []
+    while (modules is not None and isinstance(p, torch.fx.Node) and p.op == "call_module"
+           and isinstance(modules.get(p.target), _IDENTITY_MODULES) and len(p.args) == 1 and len(p.users) == 1):
+        skipped.append(p)
+        p = p.args[0]
     scores = _softmax_scores(p, gm)
     if scores is None or not isinstance(v, torch.fx.Node):
         return None
     q, kt, mask, scale, causal, replaced = scores
-    return q, kt, v, mask, scale, causal, [node] + replaced
+    return q, kt, v, mask, scale, causal, [node] + skipped + replaced
 
 
 def _flat_image(n):
@@ -2319,6 +2325,23 @@ def _head_view(t, modules, shapes):
             and _dim_arg(p, 1, "dim", 0) == 0:
         chain.append(p)
         p = p.args[0]
+    if isinstance(p, torch.fx.Node) and p.op == "call_method" and p.target == "permute" \
+            and tuple(_sizes(p.args[1:])) == (1, 0, 2, 4, 3) and len(p.users) == 1:
+        # part i of an image's channels as [B, P, H, D, pixels] (Visformer's
+        # qkv(x).reshape(B, 3, H, D, -1).permute(1, 0, 2, 4, 3)): the image, read as its tokens
+        r = p.args[0]
+        terms = shapes.terms(r) if isinstance(r, torch.fx.Node) else None
+        img = r.args[0] if terms is not None else None
+        if not (terms is not None and len(terms) == 5 and len(r.users) == 1 and rank_of(img) == 4
+                and all(isinstance(a, int) and a >= 1 for a in terms[1:4]) and terms[4] == -1
+                and isinstance(terms[0], tuple) and terms[0][0] == "dim" and terms[0][2] == 0
+                and terms[0][1].meta.get("qpack_batch", terms[0][1]) is img.meta.get("qpack_batch", img)
+                and 0 <= t.args[1] < terms[1]):
+            return None
+        parts, h, d = terms[1:4]
+        if channels_of(img) not in (None, parts * h * d):
+            return None
+        return img, t.args[1] * h * d, h, d, chain + [p, r], img, d
     if not (isinstance(p, torch.fx.Node) and p.op == "call_method" and p.target == "permute"
             and tuple(_sizes(p.args[1:])) == (2, 0, 3, 1, 4)):
         return None
@@ -2351,6 +2374,26 @@ def _heads_attention(node, gm, modules, shapes):
             or views[0][3] != views[1][3] or views[0][6] != views[1][6]:
         return None
     t = next(iter(node.users))
+    image = rank_of(views[0][0]) == 4
+    if image:
+        # heads of an image's channels merged back into an image (Visformer's
+        # x.permute(0, 1, 3, 2).reshape(B, -1, H, W)): the tokens' image
+        r = next(iter(t.users)) if t.op == "call_method" and t.target == "permute" and len(t.users) == 1 \
+            and tuple(_sizes(t.args[1:])) == (0, 1, 3, 2) else None
+        terms = shapes.terms(r) if r is not None else None
+        src = views[0][0]
+        if not (terms is not None and len(terms) == 4 and r.args[0] is t and terms[1] in (-1, views[0][2] * views[2][3])
+                and all(isinstance(a, tuple) and a[0] == "dim" for a in (terms[0], terms[2], terms[3]))
+                and terms[2][1] is terms[3][1] and (terms[2][2], terms[3][2]) == (2, 3)
+                and _source_of(terms[2][1], "qpack_hw", _spatial, modules) is _source_of(src, "qpack_hw", _spatial, modules)
+                and all(v[0] is src for v in views)):
+            return None
+        heads, d, dv = views[0][2], views[0][3], views[2][3]
+        scale = kw.get("scale")
+        args = (src, src, src, heads, d, dv, (views[0][1], views[1][1], views[2][1]),
+                float(d ** -0.5 if scale is None else scale), kw.get("is_causal", False), mask)
+        replaced = [t, node] + [n for v in views for n in v[4]]
+        return r, args + (("image", terms[2][1]),), replaced
     if not (t.op == "call_method" and (t.target == "transpose" and len(t.args) == 3 and sorted(
             _norm_dim(a, 4) for a in t.args[1:]) == [1, 2] or t.target == "permute"
             and tuple(_sizes(t.args[1:])) == (0, 2, 1, 3))) or len(t.users) != 1:
@@ -2532,7 +2575,17 @@ def canonicalize(gm):
         if att is None:
             return False
         merge, args, dead = att
-        replace(merge, heads_attention, args).meta["qpack_rank"] = 3
+        if isinstance(args[-1], tuple) and args[-1][:1] == ("image",):
+            like, args = args[-1][1], args[:-1]
+            with g.inserting_before(merge):
+                tokens = g.call_function(image_to_tokens, (args[0],))
+                att_node = g.call_function(heads_attention, (tokens, tokens, tokens) + args[3:])
+            tokens.meta.update(qpack_rank=3, qpack_batch=args[0].meta.get("qpack_batch", args[0]))
+            att_node.meta.update(qpack_rank=3, qpack_batch=tokens.meta["qpack_batch"])
+            replace(merge, tokens_to_image, (att_node, like)).meta.update(
+                qpack_rank=4, qpack_batch=tokens.meta["qpack_batch"])
+        else:
+            replace(merge, heads_attention, args).meta["qpack_rank"] = 3
         while any(d not in erased and not d.users for d in dead):
             for d in dead:
                 if d not in erased and not d.users:
@@ -2587,7 +2640,7 @@ def canonicalize(gm):
                 g.erase_node(d_)
                 erased.add(d_)
             continue
-        if (att := _explicit_attention(node, gm)) is not None:
+        if (att := _explicit_attention(node, gm, modules)) is not None:
             # one call of the core's attention (with the bias as its mask) for the ops spelled out
             q, kt, v, mask, scale, causal, dead = att
             with g.inserting_before(node):

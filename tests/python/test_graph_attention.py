@@ -598,3 +598,47 @@ def test_a_view_of_an_image_as_another_size_is_not_taken_for_itself():
         y = f(x)
         assert y.shape == (2, 4, 6, 6)
         assert rel_err(y, model(x)) < 1e-5
+
+
+class ImageHeads(nn.Module):
+    """timm's Visformer attention: heads of a 1x1 convolution's channels
+    (``qkv(x).reshape(B, 3, H, D, -1).permute(1, 0, 2, 4, 3).unbind(0)``), attention spelled
+    out with an eval Dropout after the softmax, merged back into an image
+    (``permute(0, 1, 3, 2).reshape(B, -1, H, W)``)."""
+
+    def __init__(self, c=16, heads=2):
+        super().__init__()
+        self.stem = nn.Conv2d(c, c, 1)
+        self.qkv, self.proj = nn.Conv2d(c, 3 * c, 1, bias=False), nn.Conv2d(c, c, 1)
+        self.drop = nn.Dropout(0.1)
+        self.heads, self.d = heads, c // heads
+
+    def forward(self, x):
+        x = self.stem(x)
+        B, C, H, W = x.shape
+        q, k, v = self.qkv(x).reshape(B, 3, self.heads, self.d, -1).permute(1, 0, 2, 4, 3).unbind(0)
+        attn = self.drop(((q @ k.transpose(-2, -1)) * self.d ** -0.5).softmax(dim=-1))
+        return self.proj((attn @ v).permute(0, 1, 3, 2).reshape(B, -1, H, W))
+
+
+def test_heads_of_an_images_channels_are_the_graphs_attention():
+    """One graph with one attention node (timm's visformer_tiny 18 -> 4 graphs), eager's
+    values at two sizes."""
+    torch.manual_seed(16)
+    model = ImageHeads().eval()
+    f = qpack.freeze(model, progress=False)
+    assert len(attention_nodes(f)) == 1
+    with torch.no_grad():
+        for size in (5, 6):
+            x = torch.randn(2, 16, size, size)
+            assert rel_err(f(x), model(x)) < 1e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int8_heads_of_an_images_channels_within_one_quantum(backend):
+    torch.manual_seed(17)
+    model = ImageHeads().eval()
+    calib = [torch.randn(2, 16, 5, 5) for _ in range(3)]
+    f = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False)
+    assert len(attention_nodes(f)) == 1
+    assert_within_reference(f, model, calib[1], calib[1])
