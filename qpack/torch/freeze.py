@@ -724,8 +724,9 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
     shapes = None
     if example_inputs is not None and dtype != "int8":
         # fp32: an example input to trace a forward that reads its inputs' sizes
+        from qpack.torch import graph as _g
         first = example_inputs[0] if isinstance(example_inputs, list) and example_inputs else example_inputs
-        shapes = _g_example_shapes(first)
+        shapes = _g.example_shapes(first)
         if shapes is None:
             raise InvalidArgumentError(
                 "example_inputs of a float freeze are a tensor or a tuple of tensors (the inputs a forward "
@@ -747,11 +748,6 @@ def freeze(model, *, backend="auto", retain=None, inplace=False, example_inputs=
                             shapes=shapes)
     _try_graph(frozen, shapes)
     return frozen
-
-
-def _g_example_shapes(example):
-    from qpack.torch import graph as _g
-    return _g.example_shapes(example)
 
 
 _REDUCE_RANGE = {False: Int8Range(), True: Int8Range(act=127), "activations": Int8Range(act=127),

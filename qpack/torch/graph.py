@@ -766,15 +766,9 @@ class _ShapeProxy(_CpuProxy):
     def __getattr__(self, k):
         v = self.node.meta.get("qpack_value", _NO_VALUE)
         if isinstance(v, torch.Tensor):
-            if k == "shape":
-                return _SizeTuple(_SizeInt(n, self, i) for i, n in enumerate(v.shape))
-            if k == "size":
-                def size(dim=None):
-                    if dim is None:
-                        return _SizeTuple(_SizeInt(n, self, i) for i, n in enumerate(v.shape))
-                    d = dim + v.dim() if dim < 0 else dim
-                    return _SizeInt(v.shape[d], self, d)
-                return size
+            if k in ("shape", "size"):
+                sizes = _SizeTuple(_SizeInt(n, self, i) for i, n in enumerate(v.shape))
+                return sizes if k == "shape" else lambda dim=None: sizes if dim is None else sizes[dim]
             if k in ("ndim", "dtype", "dim", "numel"):
                 return getattr(v, k)
         return super().__getattr__(k)
@@ -1364,11 +1358,6 @@ def _own_image_view(x, terms):
             and x.meta.get("qpack_hw", x) is y.meta.get("qpack_hw", y))
 
 
-def _shape_term(shapes, view, i):
-    """Term i of a view's target shape (_Shapes.terms)."""
-    return shapes.terms(view)[i]
-
-
 def _concrete(term):
     """The number a shape term (_Shapes.terms) stands for in a trace specialized to
     example shapes, else None."""
@@ -1920,7 +1909,7 @@ _REWRITTEN = (channel_part, channel_range, tokens_to_image)
 _KEEP_HW_FUNCS = {F.relu, torch.relu, F.relu_, torch.relu_, F.relu6, F.hardtanh, F.hardtanh_, F.hardswish,
                   torch.sigmoid, F.silu, F.gelu, F.hardsigmoid, F.leaky_relu, torch.tanh, F.dropout, F.dropout2d,
                   torch.clamp, channel_part, channel_range, channel_scale, layer_norm2d, operator.add, operator.iadd,
-                  torch.add, operator.mul, operator.imul, torch.mul, torch.cat, operator.getitem}
+                  torch.add, operator.mul, operator.imul, torch.mul}
 
 
 def _spatial(node, modules):
@@ -2087,12 +2076,12 @@ def _explicit_attention(node, gm=None, modules=None):
     between the softmax and the product, timm's attn_drop); else None."""
     if not _is_matmul(node):
         return None
-    p, v = node.args
+    top, v = node.args
+    p = _through_identity(top, modules, _IDENTITY_MODULES) if modules is not None else top
     skipped = []
-    while (modules is not None and isinstance(p, torch.fx.Node) and p.op == "call_module"
-           and isinstance(modules.get(p.target), _IDENTITY_MODULES) and len(p.args) == 1 and len(p.users) == 1):
-        skipped.append(p)
-        p = p.args[0]
+    while top is not p:
+        skipped.append(top)
+        top = top.args[0]
     scores = _softmax_scores(p, gm)
     if scores is None or not isinstance(v, torch.fx.Node):
         return None
@@ -2114,8 +2103,8 @@ def _flat_image(n):
 
 
 def _channels_first_attention(node, gm, shapes):
-    """(q, k, v images, mask, scale, the view, the image whose H and W it takes, nodes it
-    replaces) when node is ``v.flatten(2) @ A.transpose(-2, -1)`` with A
+    """(q, k, v images, q's and v's channels, mask, scale, the view, the image whose H and W
+    it takes, nodes it replaces) when node is ``v.flatten(2) @ A.transpose(-2, -1)`` with A
     ``softmax((q.flatten(2).transpose(-2, -1) @ k.flatten(2)) [* c] [+ bias], dim=-1)``
     (the scale also on q's tokens), read by a ``view(N, C, H, W)`` of one image's H and W:
     one head of attention over images' pixels as tokens and their channels as features
@@ -2152,16 +2141,19 @@ def _channels_first_attention(node, gm, shapes):
     if terms is None or len(terms) != 4 or view.args[0] is not node:
         return None
     d0, c, h, w = terms
+    d, dv = q.meta.get("qpack_channels"), v.meta.get("qpack_channels")
     if not (isinstance(d0, tuple) and d0[0] == "dim" and d0[2] == 0 and isinstance(h, tuple)
             and isinstance(w, tuple) and h[0] == w[0] == "dim" and h[1] is w[1] and (h[2], w[2]) == (2, 3)
-            and rank_of(h[1]) == 4 and (isinstance(c, int) or c == ("dim", v, 1))):
+            and rank_of(h[1]) == 4 and (c == dv or c == ("dim", v, 1))
+            and d is not None and d == k.meta.get("qpack_channels") and dv is not None):
         return None
-    return q, k, v, mask, scale, view, h[1], dead + [qs, kf, vf]
+    return q, k, v, d, dv, mask, scale, view, h[1], dead + [qs, kf, vf]
 
 
-def _through_identity(t, modules):
-    """t past nn.Identity modules (timm's q_norm / k_norm when off)."""
-    while (isinstance(t, torch.fx.Node) and t.op == "call_module" and isinstance(modules.get(t.target), nn.Identity)
+def _through_identity(t, modules, types=nn.Identity):
+    """t past modules of ``types`` that pass their one input on, each read by one op only
+    (nn.Identity: timm's q_norm / k_norm when off)."""
+    while (isinstance(t, torch.fx.Node) and t.op == "call_module" and isinstance(modules.get(t.target), types)
            and len(t.args) == 1 and len(t.users) == 1):
         t = t.args[0]
     return t
@@ -2353,11 +2345,12 @@ def _head_view(t, modules, shapes):
 
 
 def _heads_attention(node, gm, modules, shapes):
-    """(merge node, heads_attention args, nodes it replaces) when scaled_dot_product_attention
-    ``node`` reads head splits (_head_view) and its output is merged back into rows of
-    heads side by side (``.transpose(1, 2)`` or ``.permute(0, 2, 1, 3)``, optionally
-    ``.contiguous()``, then ``.reshape(N, L, H Dv)`` / ``.view`` / ``.flatten(2)``), its mask
-    none or a constant and no dropout; else None."""
+    """(merge node, heads_attention args, nodes it replaces, like) when
+    scaled_dot_product_attention ``node`` reads head splits (_head_view) and its output is
+    merged back into rows of heads side by side (``.transpose(1, 2)`` or ``.permute(0, 2, 1,
+    3)``, optionally ``.contiguous()``, then ``.reshape(N, L, H Dv)`` / ``.view`` /
+    ``.flatten(2)``; like None), or heads of an image's channels back into an image (like:
+    the image whose H and W it has), its mask none or a constant and no dropout; else None."""
     if len(node.args) < 3 or len(node.users) != 1:
         return None
     kw = dict(zip(("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"), node.args[3:]))
@@ -2374,52 +2367,48 @@ def _heads_attention(node, gm, modules, shapes):
             or views[0][3] != views[1][3] or views[0][6] != views[1][6]:
         return None
     t = next(iter(node.users))
-    image = rank_of(views[0][0]) == 4
-    if image:
+    heads, d, dv = views[0][2], views[0][3], views[2][3]
+    like = None
+    if rank_of(views[0][0]) == 4:
         # heads of an image's channels merged back into an image (Visformer's
-        # x.permute(0, 1, 3, 2).reshape(B, -1, H, W)): the tokens' image
+        # x.permute(0, 1, 3, 2).reshape(B, -1, H, W)): the tokens' image, of the H and W of `like`
         r = next(iter(t.users)) if t.op == "call_method" and t.target == "permute" and len(t.users) == 1 \
             and tuple(_sizes(t.args[1:])) == (0, 1, 3, 2) else None
         terms = shapes.terms(r) if r is not None else None
         src = views[0][0]
-        if not (terms is not None and len(terms) == 4 and r.args[0] is t and terms[1] in (-1, views[0][2] * views[2][3])
+        if not (terms is not None and len(terms) == 4 and r.args[0] is t and terms[1] in (-1, heads * dv)
                 and all(isinstance(a, tuple) and a[0] == "dim" for a in (terms[0], terms[2], terms[3]))
                 and terms[2][1] is terms[3][1] and (terms[2][2], terms[3][2]) == (2, 3)
                 and _source_of(terms[2][1], "qpack_hw", _spatial, modules) is _source_of(src, "qpack_hw", _spatial, modules)
                 and all(v[0] is src for v in views)):
             return None
-        heads, d, dv = views[0][2], views[0][3], views[2][3]
-        scale = kw.get("scale")
-        args = (src, src, src, heads, d, dv, (views[0][1], views[1][1], views[2][1]),
-                float(d ** -0.5 if scale is None else scale), kw.get("is_causal", False), mask)
-        replaced = [t, node] + [n for v in views for n in v[4]]
-        return r, args + (("image", terms[2][1]),), replaced
-    if not (t.op == "call_method" and (t.target == "transpose" and len(t.args) == 3 and sorted(
-            _norm_dim(a, 4) for a in t.args[1:]) == [1, 2] or t.target == "permute"
-            and tuple(_sizes(t.args[1:])) == (0, 2, 1, 3))) or len(t.users) != 1:
-        return None
-    dead = [t, node]
-    r = next(iter(t.users))
-    if r.op == "call_method" and r.target == "contiguous" and len(r.users) == 1:
-        dead.insert(0, r)
-        r = next(iter(r.users))
-    heads, d, dv = views[0][2], views[0][3], views[2][3]
-    terms = shapes.terms(r)
-    ok = False
-    if terms is not None and len(terms) == 3 and r.args[0] is dead[0]:
-        d0, d1, c = terms
-        ok = (isinstance(d0, tuple) and d0[0] == "dim" and d0[2] == 0 and d0[1] is views[0][5]
-              and (d1 == -1 or isinstance(d1, tuple) and d1[0] == "dim" and d1[2] == 1 and d1[1] is d0[1])
-              and (c == heads * dv or c == -1 and d1 != -1 or c == ("dim", d0[1], 2)))
-        known = views[0][0].meta.get("qpack_shape")
-        if not ok and known is not None and len(known) == 3:
-            # a trace specialized to example shapes: q's N and L, by number
-            ok = (_concrete(d0) == known[0] and (d1 == -1 or _concrete(d1) == known[1])
-                  and (_concrete(c) == heads * dv or c == -1 and d1 != -1))
-    elif r.op == "call_method" and r.target == "flatten" and r.args[0] is dead[0]:
-        ok = _dim_arg(r, 1, "start_dim", 0) == 2 and _dim_arg(r, 2, "end_dim", -1) in (-1, 3)
-    if not ok:
-        return None
+        dead, like = [t, node], terms[2][1]
+    else:
+        if not (t.op == "call_method" and (t.target == "transpose" and len(t.args) == 3 and sorted(
+                _norm_dim(a, 4) for a in t.args[1:]) == [1, 2] or t.target == "permute"
+                and tuple(_sizes(t.args[1:])) == (0, 2, 1, 3))) or len(t.users) != 1:
+            return None
+        dead = [t, node]
+        r = next(iter(t.users))
+        if r.op == "call_method" and r.target == "contiguous" and len(r.users) == 1:
+            dead.insert(0, r)
+            r = next(iter(r.users))
+        terms = shapes.terms(r)
+        ok = False
+        if terms is not None and len(terms) == 3 and r.args[0] is dead[0]:
+            d0, d1, c = terms
+            ok = (isinstance(d0, tuple) and d0[0] == "dim" and d0[2] == 0 and d0[1] is views[0][5]
+                  and (d1 == -1 or isinstance(d1, tuple) and d1[0] == "dim" and d1[2] == 1 and d1[1] is d0[1])
+                  and (c == heads * dv or c == -1 and d1 != -1 or c == ("dim", d0[1], 2)))
+            known = views[0][0].meta.get("qpack_shape")
+            if not ok and known is not None and len(known) == 3:
+                # a trace specialized to example shapes: q's N and L, by number
+                ok = (_concrete(d0) == known[0] and (d1 == -1 or _concrete(d1) == known[1])
+                      and (_concrete(c) == heads * dv or c == -1 and d1 != -1))
+        elif r.op == "call_method" and r.target == "flatten" and r.args[0] is dead[0]:
+            ok = _dim_arg(r, 1, "start_dim", 0) == 2 and _dim_arg(r, 2, "end_dim", -1) in (-1, 3)
+        if not ok:
+            return None
     scale = kw.get("scale")
     args = (views[0][0], views[1][0], views[2][0], heads, d, dv, (views[0][1], views[1][1], views[2][1]),
             float(d ** -0.5 if scale is None else scale), kw.get("is_causal", False), mask)
@@ -2430,7 +2419,7 @@ def _heads_attention(node, gm, modules, shapes):
         while a not in replaced and isinstance(a, torch.fx.Node) and a.op == "call_module":
             replaced.append(a)
             a = a.args[0]
-    return r, args, replaced
+    return r, args, replaced, like
 
 
 def _image_tokens(node, shapes):
@@ -2574,9 +2563,8 @@ def canonicalize(gm):
         att = _heads_attention(node, gm, modules, shapes)
         if att is None:
             return False
-        merge, args, dead = att
-        if isinstance(args[-1], tuple) and args[-1][:1] == ("image",):
-            like, args = args[-1][1], args[:-1]
+        merge, args, dead, like = att
+        if like is not None:  # heads of an image's channels: its tokens in, the tokens' image out
             with g.inserting_before(merge):
                 tokens = g.call_function(image_to_tokens, (args[0],))
                 att_node = g.call_function(heads_attention, (tokens, tokens, tokens) + args[3:])
@@ -2620,15 +2608,10 @@ def canonicalize(gm):
             if not heads(node):
                 node.target = _attention.scaled_dot_product_attention
             continue
-        if (cf := _channels_first_attention(node, gm, shapes)) is not None and cf[0].meta.get(
-                "qpack_channels") is not None and cf[0].meta["qpack_channels"] == cf[1].meta.get(
-                "qpack_channels") and cf[2].meta.get("qpack_channels") is not None and (
-                not isinstance(_shape_term(shapes, cf[5], 1), int)
-                or _shape_term(shapes, cf[5], 1) == cf[2].meta["qpack_channels"]):
+        if (cf := _channels_first_attention(node, gm, shapes)) is not None:
             # one head over an image's pixels (EfficientViT-M): the images' tokens, the
             # core's attention, the tokens back to the image
-            q, k, v, mask, scale, view, like, dead = cf
-            d, dv = q.meta["qpack_channels"], v.meta["qpack_channels"]
+            q, k, v, d, dv, mask, scale, view, like, dead = cf
             with g.inserting_before(view):
                 tokens = [g.call_function(image_to_tokens, (x,)) for x in (q, k, v)]
                 att = g.call_function(heads_attention, (*tokens, 1, d, dv, (0, 0, 0), float(scale), False, mask))

@@ -246,6 +246,15 @@ def assert_within_reference(f, model, x, graph_input):
         assert rel_err(y, model(x)) < 0.1
 
 
+def assert_int8_within_reference(model, shape, attentions, backend):
+    """model frozen to static int8 on three batches of ``shape``: one graph with
+    ``attentions`` attention nodes, within reach of the reference on the second batch."""
+    calib = [torch.randn(*shape) for _ in range(3)]
+    f = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False)
+    assert len(attention_nodes(f)) == attentions
+    assert_within_reference(f, model, calib[1], calib[1])
+
+
 def test_arguments_other_than_the_traced_defaults_run_the_models_forward():
     """Traced with attn_mask None and is_causal False; a call passing others gets them."""
     model = build("packed")
@@ -485,11 +494,7 @@ def test_images_and_tokens_of_a_hybrid_model_are_one_graph():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_int8_images_and_tokens_within_one_quantum_of_the_reference(backend):
     torch.manual_seed(10)
-    model = PVTLike().eval()
-    calib = [torch.randn(2, 3, 32, 32) for _ in range(3)]
-    f = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False)
-    assert len(attention_nodes(f)) == 1
-    assert_within_reference(f, model, calib[1], calib[1])
+    assert_int8_within_reference(PVTLike().eval(), (2, 3, 32, 32), 1, backend)
 
 
 def test_the_transpose_node_between_images_and_tokens():
@@ -570,11 +575,7 @@ def test_attention_over_an_images_pixels_is_the_graphs_node():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_int8_attention_over_an_images_pixels_within_one_quantum(backend):
     torch.manual_seed(12)
-    model = CascadedHeads().eval()
-    calib = [torch.randn(2, 16, 5, 5) for _ in range(3)]
-    f = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False)
-    assert len(attention_nodes(f)) == 2
-    assert_within_reference(f, model, calib[1], calib[1])
+    assert_int8_within_reference(CascadedHeads().eval(), (2, 16, 5, 5), 2, backend)
 
 
 def test_a_view_of_an_image_as_another_size_is_not_taken_for_itself():
@@ -637,8 +638,4 @@ def test_heads_of_an_images_channels_are_the_graphs_attention():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_int8_heads_of_an_images_channels_within_one_quantum(backend):
     torch.manual_seed(17)
-    model = ImageHeads().eval()
-    calib = [torch.randn(2, 16, 5, 5) for _ in range(3)]
-    f = qpack.freeze(model, dtype="int8", example_inputs=calib, backend=backend, progress=False)
-    assert len(attention_nodes(f)) == 1
-    assert_within_reference(f, model, calib[1], calib[1])
+    assert_int8_within_reference(ImageHeads().eval(), (2, 16, 5, 5), 1, backend)
