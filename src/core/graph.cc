@@ -2131,32 +2131,31 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       run_attention(n, plan, ptrs);
       return;
     case QPACK_NODE_TRANSPOSE: {
-      // each value's bytes as held: [N, A, B] row-major, or [N, B, A] where channels-last
-      // (plan.nlc); the same order in and out is a copy, else one tiled transpose
-      const size_t es = elem_size(xv.dtype);
+      // Each value's bytes as held, [N][A][B] or [N][B][A]: a rank-3 value [N, A, B] row-major or
+      // channels-last (plan.nlc); an image [N, C, H, W] and its tokens [N, H W, C] positions by
+      // channels (NHWC, rows: A = H W, B = C) or channels by positions (NCHW, channels-last
+      // rank 3). The same order in and out is a copy, else one tiled transpose.
+      int64_t A, B;
+      bool x_ab, y_ab;
       if (xs.rank == 3 && ys.rank == 3) {
-        const bool in_ab = !plan.nlc[n.in[0]], out_ab = plan.nlc[n.out];  // out [N, B, A] held as [N, A, B]
-        if (in_ab == out_ab) {
-          std::memcpy(y, x, static_cast<size_t>(count) * es);
-        } else if (in_ab) {
-          transpose_channels(x, xs.d[0], xs.d[1], xs.d[2], es, y);
-        } else {
-          transpose_channels(x, xs.d[0], xs.d[2], xs.d[1], es, y);
-        }
-        return;
-      }
-      // an image [N, C, H, W] and its tokens [N, H W, C]: each held positions by channels (NHWC, rows)
-      // or channels by positions (NCHW, channels-last rank 3); the same order is a copy
-      const Shape& img = xs.rank == 4 ? xs : ys;
-      const int64_t C = img.d[1], P = img.d[2] * img.d[3];
-      const bool x_pc = xs.rank == 4 ? !plan.nchw[n.in[0]] : !plan.nlc[n.in[0]];
-      const bool y_pc = ys.rank == 4 ? !plan.nchw[n.out] : !plan.nlc[n.out];
-      if (x_pc == y_pc) {
-        std::memcpy(y, x, static_cast<size_t>(count) * es);
-      } else if (x_pc) {
-        transpose_channels(x, img.d[0], P, C, es, y);
+        A = xs.d[1];
+        B = xs.d[2];
+        x_ab = !plan.nlc[n.in[0]];
+        y_ab = plan.nlc[n.out];  // out [N, B, A] held as [N, A, B]
       } else {
-        transpose_channels(x, img.d[0], C, P, es, y);
+        const Shape& img = xs.rank == 4 ? xs : ys;
+        A = img.d[2] * img.d[3];
+        B = img.d[1];
+        x_ab = xs.rank == 4 ? !plan.nchw[n.in[0]] : !plan.nlc[n.in[0]];
+        y_ab = ys.rank == 4 ? !plan.nchw[n.out] : !plan.nlc[n.out];
+      }
+      const size_t es = elem_size(xv.dtype);
+      if (x_ab == y_ab) {
+        std::memcpy(y, x, static_cast<size_t>(count) * es);
+      } else if (x_ab) {
+        transpose_channels(x, xs.d[0], A, B, es, y);
+      } else {
+        transpose_channels(x, xs.d[0], B, A, es, y);
       }
       return;
     }
