@@ -12,7 +12,8 @@ NODE_KINDS = {"conv2d": QPACK_NODE_CONV2D, "linear": QPACK_NODE_LINEAR, "add": Q
               "prelu": QPACK_NODE_PRELU, "resize_nearest": QPACK_NODE_RESIZE_NEAREST,
               "resize_bilinear": QPACK_NODE_RESIZE_BILINEAR, "channel_range": QPACK_NODE_CHANNEL_RANGE,
               "layer_norm": QPACK_NODE_LAYER_NORM, "transpose": QPACK_NODE_TRANSPOSE,
-              "depth_to_space": QPACK_NODE_DEPTH_TO_SPACE, "attention": QPACK_NODE_ATTENTION}
+              "depth_to_space": QPACK_NODE_DEPTH_TO_SPACE, "attention": QPACK_NODE_ATTENTION,
+              "constant": QPACK_NODE_CONSTANT}
 ACTIVATIONS = {None: QPACK_ACT_NONE, "relu": QPACK_ACT_RELU, "clamp": QPACK_ACT_CLAMP,
                "hardswish": QPACK_ACT_HARDSWISH, "sigmoid": QPACK_ACT_SIGMOID,
                "gelu": QPACK_ACT_GELU, "silu": QPACK_ACT_SILU, "hardsigmoid": QPACK_ACT_HARDSIGMOID,
@@ -70,7 +71,8 @@ cdef class GraphHandle:
     are taken), align_corners (bilinear); attention: heads, head_dim, value_dim (head_dim when
     absent), offsets=(q, k, v) (where each starts in its input's rows), head_strides=(q and k,
     v) (from one head to the next: head_dim, value_dim when absent), scale, causal, mask
-    ([L, S] or [H, L, S] floats, added to the scaled scores)."""
+    ([L, S] or [H, L, S] floats, added to the scaled scores); constant: table ([rows] or
+    [rows, columns] floats, every sample of the output: inputs[0] gives the batch)."""
     cdef qpack_graph* _h
     cdef readonly int num_inputs
     cdef readonly int num_outputs
@@ -152,6 +154,16 @@ cdef class GraphHandle:
                         fview = sc
                         cn[i].affine_scale = &fview[0]
                         cn[i].channels = sc.shape[0]
+                elif n["kind"] == "constant":
+                    sc = np.ascontiguousarray(n["table"], dtype=np.float32)
+                    if sc.ndim not in (1, 2) or sc.size == 0:
+                        raise InvalidArgumentError("a constant's table must be [rows] or [rows, columns], not empty")
+                    cn[i].kernel_h, cn[i].kernel_w = sc.shape[0], sc.shape[1] if sc.ndim == 2 else 0
+                    sc = sc.reshape(-1)
+                    keep.append(sc)
+                    fview = sc
+                    cn[i].affine_scale = &fview[0]
+                    cn[i].channels = sc.shape[0]
                 elif n["kind"] == "prelu":
                     sc = np.ascontiguousarray(n["slopes"], dtype=np.float32)
                     if sc.ndim != 1 or sc.shape[0] == 0:

@@ -514,6 +514,11 @@ class _Lowering:
                 raise Unsupported("a LayerNorm over the last dim of a rank-4 value")  # contiguous rows are faster
             self.emit_layer_norm(node, *ln, dim=-1)
             return
+        if node.op == "call_function" and node.target is batch_constant:
+            like, table = node.args
+            t = _attr_tensor(self.gm, table)
+            self.emit_checked(node, "constant", [like], table=t.detach()[0].float().numpy().copy())
+            return
         if node.op == "call_function" and node.target is channel_range:
             x, first, count = node.args
             self.emit_checked(node, "channel_range", [x], kernel=(first, count))
@@ -1066,6 +1071,43 @@ def tokens_to_image(t, like):
     return t.transpose(1, 2).reshape(t.shape[0], t.shape[2], like.shape[2], like.shape[3])
 
 
+def batch_constant(like, table):
+    """``table.expand(like.shape[0], ...)``: a constant [1, ...] of rank 2 or 3 (ViT's class
+    token, its position embedding) repeated over the batch of ``like``; canonicalize()
+    rewrites that expand, and an add of such a constant to a value of its shape, to it, and
+    the core runs it as a ``constant`` node (the table copied at graph creation)."""
+    return table.expand((like.shape[0],) + tuple(table.shape[1:]))
+
+
+def _batch_constant(node, gm, shapes):
+    """(like, table node, add) when node expands a constant table [1, ...] of rank 2 or 3 over
+    the batch of value ``like`` (``cls_token.expand(x.shape[0], -1, -1)``: add None), or adds
+    one whose other dims are all above 1 to a value of its rank (``x + pos_embed``: add the
+    value; PyTorch's broadcast then needs their dims equal, which the core's add checks);
+    else None."""
+    def table(a):
+        t = _attr_tensor(gm, a)
+        return t if (isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.ndim in (2, 3)
+                     and t.shape[0] == 1 and 0 < t.numel() <= _FOLDED_CONSTANT_BYTES // 4) else None
+    if node.op == "call_method" and node.target == "expand" and not node.kwargs and len(node.args) >= 2:
+        t = table(node.args[0])
+        sizes = list(_sizes(node.args[1:]))
+        first = shapes.sym.get(sizes[0]) if isinstance(sizes[0], torch.fx.Node) else None
+        if (t is not None and len(sizes) == t.ndim and isinstance(first, tuple) and first[0] == "dim"
+                and first[2] == 0 and all(a == -1 or a == t.shape[i] for i, a in enumerate(sizes) if i)):
+            return first[1], node.args[0], None
+        return None
+    if not ((node.op == "call_function" and node.target in (operator.add, torch.add)) or (
+            node.op == "call_method" and node.target == "add")) or len(node.args) != 2 or node.kwargs:
+        return None
+    for x, k in (node.args, node.args[::-1]):
+        t = table(k)
+        if (t is not None and isinstance(x, torch.fx.Node) and _attr_tensor(gm, x) is None
+                and rank_of(x) == t.ndim and all(d > 1 for d in t.shape[1:])):
+            return x, k, x
+    return None
+
+
 def heads_attention(q, k, v, heads, head_dim, value_dim, offsets, scale, causal=False, mask=None, strides=None):
     """Multi-head attention over rank-3 values of rows: head h of the query is
     ``q[..., offsets[0] + h * head_dim:][:head_dim]``, of the key ``k``'s from
@@ -1393,6 +1435,10 @@ class _Shapes:
             base = self.sym.get(node.args[0])
             if base is not None:
                 self.sym[node] = ("floordiv", base, node.args[1])
+        elif node.op == "call_function" and node.target is operator.mul and len(node.args) == 2:
+            a, b = (self.sym.get(t) if isinstance(t, torch.fx.Node) else None for t in node.args)
+            if a is not None and b is not None:
+                self.sym[node] = ("mul", a, b)  # torchvision ViT's n_h * n_w
 
     @staticmethod
     def dim(x, d):
@@ -1487,6 +1533,20 @@ def _channel_slice(node, modules):
     if stop <= first or _mutated(node, modules) or _mutated(x, modules):
         return None
     return first, stop - first
+
+
+def _row_pick(node, modules):
+    """(x, k) of x[:, k] (``x[:, k, :]``) for k >= 0 on rank-3 rows [N, L, C] that nothing
+    writes in place (ViT's class token taken for its head), else None."""
+    x, idx = node.args if node.op == "call_function" and node.target is operator.getitem and \
+        len(node.args) == 2 else (None, None)
+    if not (isinstance(x, torch.fx.Node) and rank_of(x) == 3 and isinstance(idx, tuple) and 2 <= len(idx) <= 3
+            and idx[0] == slice(None) and all(i == slice(None) for i in idx[2:])):
+        return None
+    k = idx[1]
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0 or _mutated(node, modules) or _mutated(x, modules):
+        return None
+    return x, k
 
 
 def _split_parts(node, modules):
@@ -1821,6 +1881,8 @@ def _rank(node, modules):
         if isinstance(m, nn.Flatten):
             return 2 if (m.start_dim, m.end_dim) == (1, -1) else None
         return r if isinstance(m, _SAME_RANK_MODULES) else None
+    if node.op == "call_function" and node.target is batch_constant:
+        return rank_of(node.args[1])  # its table's
     if node.op == "call_function" and node.target is torch.cat:
         return next((rank_of(t) for t in first if rank_of(t) is not None), None) if isinstance(
             first, (tuple, list)) else None
@@ -1892,7 +1954,8 @@ def _batch(node, modules):
         batches = {of(a) for a in node.args if isinstance(a, torch.fx.Node)}
         keeps = len(batches) == 1
     elif node.op == "call_function" and node.target in (F.adaptive_avg_pool2d, F.adaptive_avg_pool1d, resize_like,
-                                                          image_to_tokens, tokens_to_image, _mean_last):
+                                                          image_to_tokens, tokens_to_image, _mean_last,
+                                                          batch_constant):
         keeps = True
     elif (node.op == "call_function" and node.target is torch.flatten) or (
             node.op == "call_method" and node.target == "flatten"):
@@ -2422,10 +2485,24 @@ def _heads_attention(node, gm, modules, shapes):
     return r, args, replaced, like
 
 
-def _image_tokens(node, shapes):
+def _is_dim(term, x, d, modules):
+    """True when the shape term is dim d of x: ("dim", x, d), or for H and W of a patch
+    embedding x (a convolution whose kernel is its stride, no padding, dilation 1) its input's
+    dim floor-divided by that stride (torchvision ViT's ``n_h = h // p``)."""
+    if term == ("dim", x, d):
+        return True
+    m = modules.get(x.target) if x.op == "call_module" else None
+    if not (isinstance(m, FrozenConv2d) and d in (2, 3) and isinstance(term, tuple) and term[0] == "floordiv"):
+        return False
+    i = d - 2
+    return (m.kernel_size[i] == m.stride[i] == term[2] and m.padding[i] == 0 and m.dilation[i] == 1
+            and term[1] == ("dim", x.args[0], d))
+
+
+def _image_tokens(node, shapes, modules):
     """(x, nodes it replaces) when node is ``x.flatten(2).transpose(1, 2)`` of a rank-4 x
-    (also ``torch.flatten(x, 2)``, ``x.reshape(N, C, -1)``, ``.permute(0, 2, 1)``), the
-    flatten read by it only; else None."""
+    (also ``torch.flatten(x, 2)``, ``x.reshape(N, C, -1)`` or ``x.reshape(N, C, H * W)`` of
+    x's H and W (_is_dim), ``.permute(0, 2, 1)``), the flatten read by it only; else None."""
     if not _swaps_last_two_of_rank3(node):
         return None
     f = node.args[0]
@@ -2436,7 +2513,9 @@ def _image_tokens(node, shapes):
         ok = _dim_arg(f, 1, "start_dim", 0) == 2 and _dim_arg(f, 2, "end_dim", -1) in (-1, 3)
     else:  # x.reshape(N, C, -1): N and C sizes the trace reads (PVT's B, C of its tokens) or numbers
         terms = shapes.terms(f)
-        ok = terms is not None and len(terms) == 3 and terms[2] == -1 and all(
+        hw = terms[2] if terms is not None and len(terms) == 3 else None
+        ok = terms is not None and len(terms) == 3 and (hw == -1 or isinstance(hw, tuple) and hw[0] == "mul" and (
+            _is_dim(hw[1], x, 2, modules) and _is_dim(hw[2], x, 3, modules))) and all(
             isinstance(a, int) and a >= 1 or isinstance(a, tuple) and a[0] == "dim" for a in terms[:2]) \
             and (isinstance(terms[0], int) or terms[0][2] == 0)
     return (x, [f]) if ok else None
@@ -2536,6 +2615,9 @@ def canonicalize(gm):
     - a view or reshape of a constant by constant sizes, and an index of a constant
       by constant tensors (a bias table gathered at every call) -> a constant;
     - a - b of two values -> a + b * -1 (an add and a scalar affine); x ** 2 -> x * x, x ** 3 -> (x * x) * x;
+    - a constant [1, ...] expanded over a value's batch, or added to a value of its shape
+      (ViT's class token and position embedding) -> batch_constant(); x[:, k] of rows
+      [N, L, C] -> channel_range(x, k, 1) flattened;
     - F.scaled_dot_product_attention, and softmax((q @ kt) * c [+ bias]) @ v
       spelled out (a causal mask filled in too) -> qpack.torch.attention's (the
       core's kernel where it applies, PyTorch's call otherwise); between a split of
@@ -2645,7 +2727,7 @@ def canonicalize(gm):
             backs[z] = back
             replace(node, image_to_tokens, (back,)).meta.update(qpack_rank=3, qpack_batch=back.meta["qpack_batch"])
             continue
-        if (tok := _image_tokens(node, shapes)) is not None:
+        if (tok := _image_tokens(node, shapes, modules)) is not None:
             x, dead = tok
             replace(node, image_to_tokens, (x,)).meta.update(qpack_rank=3, qpack_batch=x.meta.get("qpack_batch", x))
             for d in dead:
@@ -2735,6 +2817,14 @@ def canonicalize(gm):
             new = replace(node, channel_range, (x, first, count))
             new.meta["qpack_rank"], new.meta["qpack_channels"] = rank_of(x), count
             continue
+        elif (row := _row_pick(node, modules)) is not None:
+            # x[:, k] of rows [N, L, C] (ViT's class token into its head) -> row k as channel_range
+            # [N, 1, C] flattened to [N, C]: the core's channel_range and flatten nodes
+            x, k = row
+            with g.inserting_before(node):
+                part = g.call_function(channel_range, (x, k, 1))
+            part.meta.update(qpack_rank=3, qpack_channels=1, qpack_batch=x.meta.get("qpack_batch", x))
+            node = replace(node, torch.flatten, (part, 1))
         elif parts := _split_parts(node, modules):
             for u, (first, count) in parts.items():
                 new = replace(u, channel_range, (x, first, count))
@@ -2817,6 +2907,18 @@ def canonicalize(gm):
                             and dead not in shapes.sym:
                         g.erase_node(dead)
                         erased.add(dead)
+        elif (bc := _batch_constant(node, gm, shapes)) is not None:
+            # a constant over a value's batch: ViT's class token expanded to it, its position
+            # embedding added to it -> batch_constant (the core's constant node; an add of two values)
+            like, attr, added = bc
+            rank, batch = _attr_tensor(gm, attr).ndim, like.meta.get("qpack_batch", like)
+            if added is None:
+                node = replace(node, batch_constant, (like, attr))
+            else:
+                with g.inserting_before(node):
+                    const = g.call_function(batch_constant, (like, attr))
+                const.meta.update(qpack_rank=rank, qpack_batch=batch)
+                node.args = tuple(const if a is attr else a for a in node.args)
         elif node.op == "call_function" and node.target is torch.cat:
             dim = _dim_arg(node, 1, "dim", 0)
             ranks = {rank_of(t) for t in node.args[0]} if isinstance(node.args[0], (tuple, list)) else {None}
@@ -2962,7 +3064,8 @@ def _constant_attr(node, gm=None):
             return False
         if u.target in _QPARAM_READERS:
             return True
-        if u.target in (F.batch_norm, F.layer_norm, F.group_norm, layer_norm2d, channel_scale, last_dim_affine):
+        if u.target in (F.batch_norm, F.layer_norm, F.group_norm, layer_norm2d, channel_scale, last_dim_affine,
+                        batch_constant):
             return not u.args or u.args[0] is not node
         return u.target is heads_attention and len(u.args) > 9 and u.args[9] is node and node not in u.args[:3]
     return node.op == "get_attr" and bool(node.users) and all(

@@ -46,18 +46,16 @@ qpack::GraphNode make_node(const qpack_graph_node& c, int index) {
     n.affine_scale.assign(c.affine_scale, c.affine_scale + c.channels);
     n.affine_shift.assign(c.affine_shift, c.affine_shift + c.channels);
   }
-  if (c.kind == QPACK_NODE_PRELU) {
+  // Nodes that copy floats from affine_scale alone (no shift), and what those are.
+  const char* held = c.kind == QPACK_NODE_PRELU      ? "prelu) needs its slopes (1 or the input's channels)"
+                     : c.kind == QPACK_NODE_CONSTANT ? "constant) needs its values"
+                     : c.kind == QPACK_NODE_ATTENTION && c.channels != 0
+                         ? "attention) needs its mask (or channels = 0: no mask)"
+                         : nullptr;
+  if (held != nullptr) {
     qpack::check(c.affine_scale != nullptr && c.channels >= 1 && c.channels <= (int64_t(1) << 24),
-                 QPACK_STATUS_INVALID_ARGUMENT, "node ", index,
-                 " (prelu) needs its slopes at affine_scale and their count (1 or the input's channels) "
-                 "in channels, in [1, 2^24]; got ", c.channels);
-    n.affine_scale.assign(c.affine_scale, c.affine_scale + c.channels);
-  }
-  if (c.kind == QPACK_NODE_ATTENTION && c.channels != 0) {  // the mask
-    qpack::check(c.affine_scale != nullptr && c.channels >= 1 && c.channels <= (int64_t(1) << 24),
-                 QPACK_STATUS_INVALID_ARGUMENT, "node ", index,
-                 " (attention) needs its mask at affine_scale and its count in channels, in [1, 2^24] "
-                 "(or channels = 0: no mask); got ", c.channels);
+                 QPACK_STATUS_INVALID_ARGUMENT, "node ", index, " (", held,
+                 " at affine_scale and their count in channels, in [1, 2^24]; got ", c.channels);
     n.affine_scale.assign(c.affine_scale, c.affine_scale + c.channels);
   }
   return n;

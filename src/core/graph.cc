@@ -65,6 +65,7 @@ const char* kind_name(qpack_node_kind k) {
     case QPACK_NODE_TRANSPOSE: return "transpose";
     case QPACK_NODE_DEPTH_TO_SPACE: return "depth_to_space";
     case QPACK_NODE_ATTENTION: return "attention";
+    case QPACK_NODE_CONSTANT: return "constant";
   }
   return "unknown";
 }
@@ -838,6 +839,7 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
         check(same_qparams(x, y), QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind,
               ") keeps its input's u8 parameters; give value ", n.out, " those of value ", n.in[0]);
         break;
+      case QPACK_NODE_CONSTANT: break;  // its input's data is not read, its output any dtype
       default: expect_dtypes(x.dtype, x.dtype); break;
     }
     if (n.kind == QPACK_NODE_MAXPOOL2D || n.kind == QPACK_NODE_AVGPOOL2D) {
@@ -912,6 +914,22 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
             QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (prelu) needs 1 to 2^24 slopes and no shift");
       for (float a : n.affine_scale) {
         check(std::isfinite(a), QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (prelu): slopes must be finite");
+      }
+    }
+    if (n.kind == QPACK_NODE_CONSTANT) {
+      constexpr int64_t kMax = int64_t(1) << 24;
+      check(n.kernel[0] >= 1 && n.kernel[0] <= kMax && n.kernel[1] >= 0 && n.kernel[1] <= kMax &&
+                static_cast<int64_t>(n.affine_scale.size()) == n.kernel[0] * std::max<int64_t>(n.kernel[1], 1),
+            QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (constant) needs rows (kernel_h) in [1, 2^24], columns "
+            "(kernel_w) in [0, 2^24] and rows x max(columns, 1) values, got ", n.kernel[0], ", ", n.kernel[1],
+            " and ", n.affine_scale.size(), " values");
+      for (float a : n.affine_scale) {
+        check(std::isfinite(a), QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (constant): values must be finite");
+      }
+      if (y.dtype == QPACK_DTYPE_U8) {
+        const Q qy{y.scale, y.zero_point};
+        n.lut.resize(n.affine_scale.size());
+        for (size_t j = 0; j < n.affine_scale.size(); ++j) n.lut[j] = qy.quant(n.affine_scale[j]);
       }
     }
     if (n.kind == QPACK_NODE_LINEAR && n.act != QPACK_ACT_NONE) {
@@ -1208,6 +1226,14 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
       }
       return y;
     }
+    case QPACK_NODE_CONSTANT:
+      need_rank(x.rank >= 1, "an input of rank 1 or more (its dim 0 the batch)");
+      y = Shape{};
+      y.rank = n.kernel[1] > 0 ? 3 : 2;
+      y.d[0] = x.d[0];
+      y.d[1] = n.kernel[0];
+      y.d[2] = n.kernel[1];
+      return y;
     case QPACK_NODE_ADAPTIVE_AVGPOOL2D:
       need_rank(x.rank == 4, "a rank-4 [N, C, H, W] input");
       y.d[2] = n.kernel[0];
@@ -2166,6 +2192,14 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       } else {
         std::memcpy(y, x, static_cast<size_t>(count) * es);
       }
+      return;
+    }
+    case QPACK_NODE_CONSTANT: {  // each sample a copy of the table (its u8 bytes, quantized once)
+      const size_t es = elem_size(yv.dtype);
+      const size_t bytes = n.affine_scale.size() * es;
+      const uint8_t* table = yv.dtype == QPACK_DTYPE_U8 ? n.lut.data()
+                                                          : reinterpret_cast<const uint8_t*>(n.affine_scale.data());
+      for (int64_t s = 0; s < ys.d[0]; ++s) std::memcpy(y + static_cast<size_t>(s) * bytes, table, bytes);
       return;
     }
     case QPACK_NODE_CONCAT: {

@@ -24,7 +24,7 @@ namespace qpack {
 
 // The last qpack_node_kind and qpack_activation (graph validation and model
 // files check against these: appending a kind changes them here only).
-constexpr qpack_node_kind kLastNodeKind = QPACK_NODE_ATTENTION;
+constexpr qpack_node_kind kLastNodeKind = QPACK_NODE_CONSTANT;
 constexpr qpack_activation kLastActivation = QPACK_ACT_TANH;
 
 struct GraphValue {
@@ -51,9 +51,11 @@ struct GraphNode {
   // AFFINE, LAYER_NORM: per channel; PRELU: affine_scale = slopes (1 or C); ATTENTION:
   // affine_scale = the mask ([L][S] or [H][L][S]) or empty; kernel = {H, D}, stride[0] = Dv,
   // pad[0..2] = where q, k and v start in their inputs' rows, stride[1] / pad[3] = from one q / k
-  // head to the next and one v head to the next (0: D / Dv), act_min = scale, ceil_mode = causal
+  // head to the next and one v head to the next (0: D / Dv), act_min = scale, ceil_mode = causal;
+  // CONSTANT: affine_scale = one sample's values, kernel = {rows, columns or 0}
   std::vector<float> affine_scale, affine_shift;
-  std::vector<uint8_t> lut;  // u8 ACTIVATION: output for each input byte
+  // u8 ACTIVATION: output for each input byte; u8 CONSTANT: the table (affine_scale) quantized
+  std::vector<uint8_t> lut;
   std::shared_ptr<const GraphOp> backend_op;  // u8 node on the graph's backend's own operator
 };
 

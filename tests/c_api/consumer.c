@@ -584,6 +584,75 @@ static void test_graph_attention(void) {
              strstr(qpack_last_error(), "heads") != NULL, "attention node: refuses 0 heads");
 }
 
+/* ViT's prefix: a class token over the batch concatenated before the tokens, then a
+ * position embedding over the batch added (CONSTANT, CONCAT, CONSTANT, ADD). */
+static void test_graph_constant(void) {
+  enum { N = 2, L = 3, C = 4 };
+  const float cls[C] = {1, 2, 3, 4};
+  float pos[(L + 1) * C], x[N][L][C], y[N][L + 1][C];
+  for (int i = 0; i < (L + 1) * C; ++i) pos[i] = 0.25f * (float)i;
+  for (int i = 0; i < N * L * C; ++i) (&x[0][0][0])[i] = (float)(i % 7) - 3.0f;
+  qpack_graph_value values[5];
+  for (int i = 0; i < 5; ++i) values[i] = (qpack_graph_value){QPACK_DTYPE_F32, 0, 0};
+  qpack_graph_node nodes[4];
+  memset(nodes, 0, sizeof(nodes));
+  nodes[0].kind = QPACK_NODE_CONSTANT; /* value 1: [N, 1, C] */
+  nodes[0].num_inputs = 1;
+  nodes[0].output = 1;
+  nodes[0].kernel_h = 1;
+  nodes[0].kernel_w = C;
+  nodes[0].affine_scale = cls;
+  nodes[0].channels = C;
+  nodes[1].kind = QPACK_NODE_CONCAT; /* value 2: [N, L + 1, C] */
+  nodes[1].inputs[0] = 1;
+  nodes[1].inputs[1] = 0;
+  nodes[1].num_inputs = 2;
+  nodes[1].output = 2;
+  nodes[2].kind = QPACK_NODE_CONSTANT; /* value 3: the embedding over the batch */
+  nodes[2].inputs[0] = 2;
+  nodes[2].num_inputs = 1;
+  nodes[2].output = 3;
+  nodes[2].kernel_h = L + 1;
+  nodes[2].kernel_w = C;
+  nodes[2].affine_scale = pos;
+  nodes[2].channels = (L + 1) * C;
+  nodes[3].kind = QPACK_NODE_ADD;
+  nodes[3].inputs[0] = 2;
+  nodes[3].inputs[1] = 3;
+  nodes[3].num_inputs = 2;
+  nodes[3].output = 4;
+  int32_t in_v = 0, out_v = 4;
+  qpack_graph_params gp = {5, values, 4, nodes, 1, &in_v, 1, &out_v};
+  qpack_graph* g = NULL;
+  EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_SUCCESS && g != NULL, "constant: create");
+  qpack_tensor ti = {QPACK_DTYPE_F32, 3, {N, L, C}, QPACK_LAYOUT_NCHW, x};
+  qpack_tensor to = {QPACK_DTYPE_F32, 3, {N, L + 1, C}, QPACK_LAYOUT_NCHW, y};
+  EXPECT(qpack_graph_run(g, 1, &ti, 1, &to) == QPACK_STATUS_SUCCESS, "constant: run");
+  int same = 1;
+  for (int n = 0; n < N; ++n) {
+    for (int l = 0; l <= L; ++l) {
+      for (int c = 0; c < C; ++c) {
+        const float t = l == 0 ? cls[c] : x[n][l - 1][c];
+        same &= y[n][l][c] == t + pos[l * C + c];
+      }
+    }
+  }
+  EXPECT(same, "constant: the class token and the embedding over the batch");
+  qpack_tensor longer = {QPACK_DTYPE_F32, 3, {N, L + 1, C}, QPACK_LAYOUT_NCHW, x};
+  float y2[N][L + 2][C];
+  qpack_tensor to2 = {QPACK_DTYPE_F32, 3, {N, L + 2, C}, QPACK_LAYOUT_NCHW, y2};
+  EXPECT(qpack_graph_run(g, 1, &longer, 1, &to2) == QPACK_STATUS_INVALID_ARGUMENT &&
+             strstr(qpack_last_error(), "add takes equal shapes") != NULL,
+         "constant: an embedding of other tokens");
+  EXPECT(qpack_graph_run(g, 1, &ti, 1, &to) == QPACK_STATUS_SUCCESS, "constant: usable after");
+  qpack_graph_destroy(g);
+  nodes[2].channels = L * C;
+  g = NULL;
+  EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_INVALID_ARGUMENT && g == NULL &&
+             strstr(qpack_last_error(), "constant") != NULL,
+         "constant: refuses a table of another size than rows x columns");
+}
+
 int main(void) {
   char buf[256];
   for (int i = 0; i < qpack_backend_count(); ++i) {
@@ -612,6 +681,7 @@ int main(void) {
   test_attention();
   test_attention_mask();
   test_graph_attention();
+  test_graph_constant();
   printf("c_api: %d passed, %d failed\n", passes, failures);
   return failures == 0 ? 0 : 1;
 }

@@ -310,6 +310,9 @@ def per_edge_reference(f, x):
                                                heads(v, at[2], dv, step[1]), attn_mask=mask,
                                                is_causal=n.get("causal", False), scale=n["scale"])
             r = r.transpose(1, 2).flatten(2)
+        elif k == "constant":  # the table over the input's batch
+            t = torch.as_tensor(n["table"])
+            r = t.expand((a.shape[0],) + tuple(t.shape))
         elif k == "affine":
             sh = (-1,) if n.get("dim", 1) == -1 else (1, -1) + (1,) * (a.dim() - 2)
             r = a * torch.as_tensor(n["scale"]).reshape(sh) + torch.as_tensor(n["shift"]).reshape(sh)

@@ -639,3 +639,165 @@ def test_heads_of_an_images_channels_are_the_graphs_attention():
 def test_int8_heads_of_an_images_channels_within_one_quantum(backend):
     torch.manual_seed(17)
     assert_int8_within_reference(ImageHeads().eval(), (2, 16, 5, 5), 1, backend)
+
+
+# ---- class tokens and position embeddings: constants over the batch (ViT) ---------------------
+
+class ViTLike(nn.Module):
+    """timm's VisionTransformer in small: a patch embedding to tokens, prefix tokens (the class
+    token, and DeiT's distillation token with ``distilled``) ``expand``ed over the batch and
+    concatenated before them, the position embedding added, a block, the class token's row
+    ``x[:, 0]`` into the head (``x[:, 0, :]`` and the distillation token's ``x[:, 1]`` averaged
+    in with ``distilled``). ``torchvision``: its patch tokens as torchvision's ViT spells them,
+    ``reshape(n, C, (h // p) * (w // p)).permute(0, 2, 1)`` of the sizes of the image."""
+
+    def __init__(self, c=32, heads=4, distilled=False, image=32, patch=8, torchvision=False):
+        super().__init__()
+        self.embed = nn.Conv2d(3, c, patch, patch)
+        self.c, self.patch, self.torchvision = c, patch, torchvision
+        n = (image // patch) ** 2
+        self.cls_token = nn.Parameter(torch.randn(1, 1, c))
+        self.dist_token = nn.Parameter(torch.randn(1, 1, c)) if distilled else None
+        self.pos_embed = nn.Parameter(torch.randn(1, n + 1 + distilled, c))
+        self.norm1, self.norm = nn.LayerNorm(c), nn.LayerNorm(c)
+        self.attn = PackedQKV(c, heads)
+        self.head = nn.Linear(c, 10)
+
+    def forward(self, x):
+        if self.torchvision:
+            n, _, h, w = x.shape
+            x = self.embed(x).reshape(n, self.c, (h // self.patch) * (w // self.patch)).permute(0, 2, 1)
+        else:
+            x = self.embed(x).flatten(2).transpose(1, 2)
+        prefix = [self.cls_token.expand(x.shape[0], -1, -1)]
+        if self.dist_token is not None:
+            prefix.append(self.dist_token.expand(x.shape[0], -1, -1))
+        x = torch.cat(prefix + [x], dim=1)
+        x = x + self.pos_embed
+        x = x + self.attn(self.norm1(x))
+        x = self.norm(x)
+        if self.dist_token is not None:
+            return (self.head(x[:, 0, :]) + self.head(x[:, 1])) / 2
+        return self.head(x[:, 0])
+
+
+@pytest.mark.parametrize("distilled,torchvision", [(False, False), (True, False), (False, True)])
+def test_class_tokens_and_position_embedding_are_in_the_graph(distilled, torchvision):
+    """The prefix tokens and the position embedding are constant nodes over the batch (the
+    tokens concatenated after them, the embedding added), the class token's row a
+    channel_range: the whole ViT-like model is one graph, eager's values at batches 1 and 3."""
+    torch.manual_seed(11)
+    model = ViTLike(distilled=distilled, torchvision=torchvision).eval()
+    f = qpack.freeze(model, progress=False)
+    assert len(attention_nodes(f)) == 1  # (one graph)
+    kinds = [n["kind"] for n in G.runner_of(f)._spec["nodes"]]
+    assert kinds.count("constant") == 2 + distilled and kinds.count("channel_range") == 1 + distilled
+    with torch.no_grad():
+        for batch in (1, 3):
+            x = torch.randn(batch, 3, 32, 32)
+            assert rel_err(f(x), model(x)) < 1e-5
+        # another image size: the position embedding does not fit its tokens; the graph cannot
+        # plan it and runs the model's forward, which raises PyTorch's error
+        with pytest.raises(RuntimeError, match="size of tensor"):
+            f(torch.randn(1, 3, 40, 40))
+        assert rel_err(f(x), model(x)) < 1e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int8_class_tokens_within_one_quantum_of_the_reference(backend):
+    torch.manual_seed(12)
+    model = ViTLike(distilled=True).eval()
+    assert_int8_within_reference(model, (2, 3, 32, 32), 1, backend)
+    f = qpack.freeze(model, dtype="int8", example_inputs=[torch.randn(2, 3, 32, 32)], backend=backend,
+                     progress=False)
+    spec = G.runner_of(f)._spec
+    consts = [n for n in spec["nodes"] if n["kind"] == "constant"]
+    assert len(consts) == 3 and all(spec["values"][n["output"]][0] == "u8" for n in consts)
+
+
+def test_a_constant_that_is_not_one_sample_stays_in_pytorch():
+    """A table of another batch than 1, or one broadcast along a dim of 1 (not the value's
+    shape), is not the constant node's: PyTorch adds it between graphs, with eager's values."""
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 8)
+            self.along = nn.Parameter(torch.randn(1, 5, 1))
+            self.two = nn.Parameter(torch.randn(2, 5, 8))
+
+        def forward(self, x):
+            return self.fc2(self.fc1(x) + self.along) + self.two
+    torch.manual_seed(13)
+    model = Odd().eval()
+    f = qpack.freeze(model, progress=False)
+    runner = G.runner_of(f)
+    kinds = [n["kind"] for seg in runner._segments for n in seg.spec["nodes"]]
+    assert "linear" in kinds and "constant" not in kinds and runner.num_segments == 2
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-5
+
+
+def test_patch_counts_of_another_convolution_are_not_taken_for_its_size():
+    """``reshape(n, C, (h // p) * (w // p))`` after a convolution whose padding makes its output
+    another size than h // p is no image-to-tokens move: it stays PyTorch's (and raises as PyTorch
+    does where the sizes differ)."""
+    class Padded(ViTLike):
+        def __init__(self):
+            super().__init__(torchvision=True)
+            self.embed = nn.Conv2d(3, 32, 8, 8, padding=4)
+    torch.manual_seed(15)
+    model = Padded().eval()
+    f = qpack.freeze(model, progress=False)
+    runner = G.runner_of(f)
+    assert runner.num_segments == 2 and ".reshape(" in runner._gm.code
+    with pytest.raises(RuntimeError, match="invalid for input of size"):
+        f(torch.randn(1, 3, 32, 32))
+
+
+def test_the_constant_node_repeats_its_table_over_the_batch():
+    """Through GraphHandle: [rows] and [rows, columns] tables, f32 exact and u8 quantized when the
+    graph is created (round half to even); its input only gives the batch. Bad tables are
+    refused, and a made graph runs after a bad input."""
+    f32 = ("f32", 0.0, 0)
+    table = np.arange(12, dtype=np.float32).reshape(3, 4) / 8 - 0.5
+    g = _core.GraphHandle([f32, f32], [dict(kind="constant", inputs=[0], output=1, table=table)], [0], [1])
+    x = torch.randn(5, 7)
+    got = torch.from_numpy(g.run([x.numpy()], ["nchw"], "nchw")[0])
+    assert torch.equal(got, torch.from_numpy(table).expand(5, 3, 4))
+    rows = _core.GraphHandle([f32, f32], [dict(kind="constant", inputs=[0], output=1, table=table[0])], [0], [1])
+    assert torch.equal(torch.from_numpy(rows.run([x.numpy()], ["nchw"], "nchw")[0]),
+                       torch.from_numpy(table[0]).expand(5, 4))
+    scale, zp = 0.25, 3
+    q = _core.GraphHandle([("u8", 0.5, 0), ("u8", scale, zp)],
+                          [dict(kind="constant", inputs=[0], output=1, table=table)], [0], [1])
+    got = q.run([np.zeros((2, 6), np.uint8)], ["nchw"], "nchw")[0]
+    want = np.clip(np.rint(table / scale) + zp, 0, 255).astype(np.uint8)  # the core's rule (qpack.h)
+    assert np.array_equal(got, np.broadcast_to(want, (2, 3, 4)))
+    for bad, what in [(np.zeros((0,), np.float32), "table"), (np.zeros((2, 2, 2), np.float32), "table"),
+                      (np.array([np.inf], np.float32), "finite")]:
+        with pytest.raises(_core.InvalidArgumentError, match=what):
+            _core.GraphHandle([f32, f32], [dict(kind="constant", inputs=[0], output=1, table=bad)], [0], [1])
+    with pytest.raises(_core.InvalidArgumentError, match="1 to 4 dims"):
+        g.run([np.zeros((), np.float32)], ["nchw"], "nchw")
+    assert torch.equal(torch.from_numpy(g.run([x.numpy()], ["nchw"], "nchw")[0]),
+                       torch.from_numpy(table).expand(5, 3, 4))
+
+
+def test_saved_class_tokens_load_and_read(tmp_path):
+    """A ViT-like graph saved to a .qpk file: loaded, the same values; qpack's reader reads its
+    constant nodes (their tables' values) with no problem found."""
+    from qpack import _file
+    torch.manual_seed(14)
+    model = ViTLike(distilled=True).eval()
+    f = qpack.freeze(model, progress=False)
+    path = tmp_path / "vit.qpk"
+    qpack.save(f, path)
+    g = qpack.load(path)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(g(x), f(x))
+    d = _file.describe(str(path))
+    assert d["problems"] == []
+    consts = [n for gr in d["graphs"] for n in gr["nodes"] if n["kind"] == "constant"]
+    assert sorted(n["num_affine"] for n in consts) == [32, 32, 18 * 32]

@@ -514,6 +514,13 @@ typedef enum qpack_node_kind {
                                     `channels` floats at affine_scale, [L][S] for every head or
                                     [H][L][S], copied; none with channels = 0. u8: inputs
                                     dequantized, the output quantized to its value's qparams */
+  QPACK_NODE_CONSTANT = 23,      /* a constant over the batch of inputs[0] (only its dim 0 read):
+                                    y [N, kernel_h, kernel_w] row-major (rank 2 [N, kernel_h]
+                                    with kernel_w = 0), every sample the `channels` = kernel_h
+                                    max(kernel_w, 1) floats at affine_scale, copied (ViT's class
+                                    token expanded over the batch, its position embedding);
+                                    u8: those floats quantized to the output value's qparams when
+                                    the graph is created (round half to even, clamped) */
 } qpack_node_kind;
 
 typedef enum qpack_activation {
