@@ -3,9 +3,10 @@
     .venv/bin/python bench/bench_zoo.py --lib DIR tv:mobilenet_v3_large timm:mixnet_s ...
 
 For each model (random weights given trained-like BatchNorm statistics,
-bench/models.py), 1 thread, one run: how many core graphs it freezes to, the
-fp32 error against eager, medians of qpack fp32 / int8 (oneDNN, calibrated on 4
-batches) against ONNX Runtime fp32 / static QDQ int8 and PyTorch FX PTQ (x86),
+bench/models.py), 1 thread (--threads N: N for every configuration), one run:
+how many core graphs it freezes to, the fp32 error against eager, medians of
+qpack fp32 / int8 (oneDNN, calibrated on 4 batches) against ONNX Runtime fp32 /
+static QDQ int8 and PyTorch FX PTQ (x86),
 the int8 errors against fp32 on 2 held-out batches (qpack vs FX PTQ), and the
 threads that worked in each timed block (bench/_timing.py).
 
@@ -68,12 +69,14 @@ def graphs(f):
     return f"{n} graph(s)" + (f" in {parts} parts" if report.startswith("submodule ") else "")
 
 
-def zoo_args(doc, batch=False):
-    """(arguments: .models, .lib and with ``batch`` .batch and .backend; torchvision, timm)
-    from the command line of a zoo script."""
+def zoo_args(doc, batch=False, threads=False):
+    """(arguments: .models, .lib, with ``batch`` .batch and .backend, with ``threads``
+    .threads; torchvision, timm) from the command line of a zoo script."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("models", nargs="+", help="tv:NAME (torchvision) or timm:NAME")
     p.add_argument("--lib", default=None, help="where torchvision and timm were installed (--target)")
+    if threads:
+        p.add_argument("--threads", type=int, default=1, help="threads of every configuration")
     if batch:
         p.add_argument("--batch", type=int, default=1, help="images per call")
         p.add_argument("--backend", default="onednn", choices=("onednn", "qnnpack"),
@@ -101,7 +104,7 @@ def zoo_model(spec, torchvision, timm):
 
 
 def main():
-    args, torchvision, timm = zoo_args(__doc__)
+    args, torchvision, timm = zoo_args(__doc__, threads=True)
     head = ["model", "graphs", "fp32 err", "qpack fp32", "ORT fp32", "qpack int8", "ORT int8", "FX x86",
             "int8 err qpack", "int8 err FX", "threads"]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
@@ -111,7 +114,7 @@ def main():
         x = torch.randn(1, 3, size, size, generator=g)
         calib = [torch.randn(1, 3, size, size, generator=g) for _ in range(4)]
         held = [torch.randn(2, 3, size, size, generator=g) for _ in range(2)]
-        set_threads(1)
+        set_threads(args.threads)  # before any configuration is built (bench_models.set_threads)
         with torch.inference_mode():
             ref = model(x)
             refs = [model(h) for h in held]
@@ -131,8 +134,9 @@ def main():
         t, used = {}, set()
         with tempfile.TemporaryDirectory(prefix="qpack-zoo-") as d:
             onnx = OrtFiles(model, x, calib, d)
-            for label, m in (("qpack fp32", fp32), ("ORT fp32", OrtModel(onnx.fp32(), 1)), ("qpack int8", int8),
-                             ("ORT int8", OrtModel(onnx.int8(), 1)), ("FX x86", fx)):
+            k = args.threads
+            for label, m in (("qpack fp32", fp32), ("ORT fp32", OrtModel(onnx.fp32(), k)), ("qpack int8", int8),
+                             ("ORT int8", OrtModel(onnx.int8(), k)), ("FX x86", fx)):
                 if m is None:
                     t[label] = float("nan")
                     continue

@@ -238,6 +238,7 @@ cdef class GraphHandle:
         check_status(qpack_graph_get_info(self._h, &i))
         return {"closed": bool(i.closed), "num_values": i.num_values, "num_nodes": i.num_nodes,
                 "nbytes_packed": i.nbytes_packed, "nbytes_workspace": i.nbytes_workspace,
+                "nbytes_constants": i.nbytes_constants,
                 "plans_built": i.plans_built, "runs": i.runs}
 
     def node_backends(self):

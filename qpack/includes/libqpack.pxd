@@ -293,6 +293,7 @@ cdef extern from "qpack/qpack.h" nogil:
         size_t nbytes_workspace
         uint64_t plans_built
         uint64_t runs
+        size_t nbytes_constants
 
     qpack_status qpack_graph_create(const qpack_graph_params* params, qpack_graph** graph_out)
     void qpack_graph_destroy(qpack_graph* graph)

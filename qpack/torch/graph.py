@@ -3670,7 +3670,8 @@ class GraphRunner:
         self._ready()
         infos = [s.graph().info() for s in self._segments]
         out = dict(infos[0])
-        for k in ("nbytes_packed", "nbytes_workspace", "plans_built", "runs", "num_nodes", "num_values"):
+        for k in ("nbytes_packed", "nbytes_constants", "nbytes_workspace", "plans_built", "runs", "num_nodes",
+                  "num_values"):
             out[k] = sum(i[k] for i in infos)
         out["segments"] = len(infos)
         return out
@@ -3723,7 +3724,8 @@ class GraphRunner:
                 lines.append(f"{n['kind']:<15} ({ins}) -> {n['output']} {dt}{q} {held[n['output']]}{extra}")
         info = self.info()
         lines.append(f"{info['num_nodes']} nodes in {info['segments']} graph(s); packed {info['nbytes_packed']} B, "
-                     f"workspace {info['nbytes_workspace']} B (largest plan so far)")
+                     f"constants {info['nbytes_constants']} B, workspace {info['nbytes_workspace']} B (largest plan "
+                     "so far)")
         return "\n".join(lines)
 
     def __reduce__(self):

@@ -142,6 +142,7 @@ qpack_status qpack_graph_get_info(const qpack_graph* graph, qpack_graph_info* in
     info_out->num_outputs = static_cast<int32_t>(g->num_outputs());
     info_out->nbytes_packed = g->nbytes_packed();
     info_out->nbytes_workspace = g->nbytes_workspace();
+    info_out->nbytes_constants = g->nbytes_constants();
     info_out->plans_built = g->counters().states_built.load();
     info_out->runs = g->counters().runs.load();
   });

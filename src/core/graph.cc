@@ -1080,6 +1080,14 @@ size_t Graph::nbytes_packed() const {
   return total;
 }
 
+size_t Graph::nbytes_constants() const {
+  size_t total = 0;
+  for (const auto& n : nodes_) {
+    total += (n.affine_scale.size() + n.affine_shift.size()) * sizeof(float) + n.lut.size();
+  }
+  return total;
+}
+
 // ---- planning: shapes and buffers ---------------------------------------------------
 
 // Residual adds as their convolution's sum post-op: add(c, r) where c is a

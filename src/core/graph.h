@@ -97,6 +97,7 @@ class Graph {
   size_t num_inputs() const { return inputs_.size(); }
   size_t num_outputs() const { return outputs_.size(); }
   size_t nbytes_packed() const;
+  size_t nbytes_constants() const;  // the nodes' own copies (qpack_graph_info.nbytes_constants)
   size_t nbytes_workspace() const { return max_workspace_.load(); }
   const Counters& counters() const { return counters_; }
   // Where node i runs: a backend's name ("qnnpack", "onednn": its packed

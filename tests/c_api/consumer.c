@@ -638,6 +638,10 @@ static void test_graph_constant(void) {
     }
   }
   EXPECT(same, "constant: the class token and the embedding over the batch");
+  qpack_graph_info info;
+  EXPECT(qpack_graph_get_info(g, &info) == QPACK_STATUS_SUCCESS &&
+             info.nbytes_constants == sizeof(cls) + sizeof(pos) && info.nbytes_packed == 0,
+         "constant: the graph's copies counted (%zu bytes)", info.nbytes_constants);
   qpack_tensor longer = {QPACK_DTYPE_F32, 3, {N, L + 1, C}, QPACK_LAYOUT_NCHW, x};
   float y2[N][L + 2][C];
   qpack_tensor to2 = {QPACK_DTYPE_F32, 3, {N, L + 2, C}, QPACK_LAYOUT_NCHW, y2};

@@ -692,6 +692,11 @@ def test_class_tokens_and_position_embedding_are_in_the_graph(distilled, torchvi
     assert len(attention_nodes(f)) == 1  # (one graph)
     kinds = [n["kind"] for n in G.runner_of(f)._spec["nodes"]]
     assert kinds.count("constant") == 2 + distilled and kinds.count("channel_range") == 1 + distilled
+    # the graph's own copies: the tokens, the embedding, two LayerNorms' weight and bias (and the
+    # distilled head's mean, a per-channel affine of its 10 outputs)
+    held = (model.cls_token.numel() * (1 + distilled) + model.pos_embed.numel() + 4 * 32 + 20 * distilled) * 4
+    assert G.runner_of(f).info()["nbytes_constants"] == held
+    assert f"constants {held} B" in qpack.graph_report(f)
     with torch.no_grad():
         for batch in (1, 3):
             x = torch.randn(batch, 3, 32, 32)

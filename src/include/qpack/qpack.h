@@ -590,6 +590,9 @@ typedef struct qpack_graph_info {
   size_t nbytes_workspace;  /* workspace of the largest plan made so far */
   uint64_t plans_built;
   uint64_t runs;
+  size_t nbytes_constants;  /* what the nodes copied at creation: LayerNorm and affine parameters,
+                               PReLU slopes, attention masks, constants' tables (f32 and u8) and
+                               u8 lookup tables */
 } qpack_graph_info;
 
 /* Validates the graph (types, node parameters, that every value is produced
