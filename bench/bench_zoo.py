@@ -21,6 +21,7 @@ torchvision's fake-op registrations skipped:
 import argparse
 import sys
 import tempfile
+import time
 import warnings
 
 import torch
@@ -52,9 +53,17 @@ def rel(a, b):
 
 
 def ms(fn, x):
+    """(median ms, threads that worked) of fn(x), after the process idled SETTLE_S seconds:
+    the pools of the configuration timed before (ONNX Runtime's and OpenMP's workers spin
+    for a while after their last task) neither take a core from it nor count as its threads
+    (at 2 threads, ORT fp32's spinning workers had made qpack int8's block count 3)."""
+    time.sleep(SETTLE_S)
     with torch.inference_mode():
         r = timed(lambda: fn(x), min_time=1.0, min_runs=10, max_runs=200, warmup=3)
     return r.median_ms, r.threads_used
+
+
+SETTLE_S = 0.5
 
 
 def graphs(f):
@@ -131,7 +140,7 @@ def main():
             err = rel(fp32(x), ref)
             e8 = sum(rel(int8(h), r) for h, r in zip(held, refs)) / len(held)
             efx = sum(rel(fx(h), r) for h, r in zip(held, refs)) / len(held) if fx is not None else float("nan")
-        t, used = {}, set()
+        t, used = {}, {}
         with tempfile.TemporaryDirectory(prefix="qpack-zoo-") as d:
             onnx = OrtFiles(model, x, calib, d)
             k = args.threads
@@ -140,10 +149,12 @@ def main():
                 if m is None:
                     t[label] = float("nan")
                     continue
-                t[label], n = ms(m, x)
-                used.add(n)
+                t[label], used[label] = ms(m, x)
+        # the threads that worked: one count for every configuration, else each one's
+        counts = set(used.values())
+        threads = str(counts.pop()) if len(counts) == 1 else ", ".join(f"{k} {n}" for k, n in used.items())
         cells = [spec, graphs(fp32), f"{err:.1e}"] + [f"{t[k]:.2f}" for k in head[3:8]] + [
-            f"{e8:.3f}", f"{efx:.3f}", "/".join(map(str, sorted(used)))]
+            f"{e8:.3f}", f"{efx:.3f}", threads]
         print("| " + " | ".join(cells) + " |", flush=True)
 
 
