@@ -40,7 +40,7 @@ NODE_KINDS = {                                      # qpack_node_kind (src/inclu
     14: "adaptive_avgpool2d",
     15: "prelu", 16: "resize_nearest", 17: "resize_bilinear",
     18: "channel_range", 19: "layer_norm", 20: "transpose", 21: "depth_to_space", 22: "attention",
-    23: "constant",
+    23: "constant", 24: "pad",
 }
 ACTIVATIONS = {                                     # qpack_activation
     0: "none", 1: "relu", 2: "clamp", 3: "hardswish", 4: "sigmoid", 5: "gelu", 6: "silu",

@@ -13,7 +13,7 @@ NODE_KINDS = {"conv2d": QPACK_NODE_CONV2D, "linear": QPACK_NODE_LINEAR, "add": Q
               "resize_bilinear": QPACK_NODE_RESIZE_BILINEAR, "channel_range": QPACK_NODE_CHANNEL_RANGE,
               "layer_norm": QPACK_NODE_LAYER_NORM, "transpose": QPACK_NODE_TRANSPOSE,
               "depth_to_space": QPACK_NODE_DEPTH_TO_SPACE, "attention": QPACK_NODE_ATTENTION,
-              "constant": QPACK_NODE_CONSTANT}
+              "constant": QPACK_NODE_CONSTANT, "pad": QPACK_NODE_PAD}
 ACTIVATIONS = {None: QPACK_ACT_NONE, "relu": QPACK_ACT_RELU, "clamp": QPACK_ACT_CLAMP,
                "hardswish": QPACK_ACT_HARDSWISH, "sigmoid": QPACK_ACT_SIGMOID,
                "gelu": QPACK_ACT_GELU, "silu": QPACK_ACT_SILU, "hardsigmoid": QPACK_ACT_HARDSIGMOID,
@@ -72,7 +72,8 @@ cdef class GraphHandle:
     absent), offsets=(q, k, v) (where each starts in its input's rows), head_strides=(q and k,
     v) (from one head to the next: head_dim, value_dim when absent), scale, causal, mask
     ([L, S] or [H, L, S] floats, added to the scaled scores); constant: table ([rows] or
-    [rows, columns] floats, every sample of the output: inputs[0] gives the batch)."""
+    [rows, columns] floats, every sample of the output: inputs[0] gives the batch); pad:
+    padding=(t, l, b, r) and act_min (the border's value)."""
     cdef qpack_graph* _h
     cdef readonly int num_inputs
     cdef readonly int num_outputs

@@ -233,6 +233,7 @@ cdef extern from "qpack/qpack.h" nogil:
         QPACK_NODE_DEPTH_TO_SPACE
         QPACK_NODE_ATTENTION
         QPACK_NODE_CONSTANT
+        QPACK_NODE_PAD
 
     ctypedef enum qpack_activation:
         QPACK_ACT_NONE

@@ -14,6 +14,7 @@ import collections
 import copy
 import functools
 import inspect
+import math
 import operator
 import re
 import warnings
@@ -401,6 +402,10 @@ class _Lowering:
             if not self.lower_last_dim_constant(node, "mul"):
                 self.emit_checked(node, "mul", list(node.args))
             return
+        if (pad := _image_pad(node, m)) is not None:
+            x, pads, value = pad
+            self.emit_checked(node, "pad", [x], padding=pads, act_min=value)
+            return
         if node.op == "call_function" and node.target in (F.max_pool2d, F.avg_pool2d):
             m = self.functional_pool(node)
         if isinstance(m, nn.MaxPool2d):
@@ -577,7 +582,7 @@ class _Lowering:
 
     # ops that keep their input's torch.ao qparams (what PyTorch's quantized kernels do)
     _KEEPS_QPARAMS = ("activation", "maxpool2d", "avgpool2d", "global_avgpool", "flatten", "channels", "channel_range",
-                      "adaptive_avgpool2d", "resize_nearest", "resize_bilinear", "transpose", "depth_to_space")
+                      "adaptive_avgpool2d", "resize_nearest", "resize_bilinear", "transpose", "depth_to_space", "pad")
 
     def constant(self, a):
         """A number, or the one-element tensor a get_attr node names (convert_fx keeps
@@ -1299,14 +1304,15 @@ _SAME_RANK_MODULES = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.Hardswish, nn.Hardsigmo
                       nn.LeakyReLU, nn.PReLU, nn.Tanh, nn.LayerNorm, nn.Identity, nn.Dropout, nn.Dropout2d,
                       nn.Dropout1d, nn.BatchNorm1d, nn.GroupNorm, FrozenLinear, nn.Linear)
 _RANK4_MODULES = (FrozenConv2d, nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d,
-                  nn.AdaptiveMaxPool2d, nn.Upsample)
+                  nn.AdaptiveMaxPool2d, nn.Upsample, nn.ZeroPad2d, nn.ConstantPad2d)
 _RANK3_MODULES = (FrozenConv1d, nn.Conv1d, nn.MaxPool1d, nn.AvgPool1d, nn.AdaptiveAvgPool1d)
 _SAME_RANK_FUNCS = {F.relu, torch.relu, F.relu_, torch.relu_, F.relu6, F.hardtanh, F.hardtanh_, F.hardswish,
                     torch.sigmoid, F.silu, F.gelu, F.hardsigmoid, F.leaky_relu, torch.tanh, F.dropout, F.dropout2d,
                     F.layer_norm, F.group_norm, F.interpolate, F.max_pool2d, F.avg_pool2d, torch.clamp, channel_part, channel_range,
                     layer_norm2d, channel_scale, last_dim_affine,
                     operator.add, operator.iadd, torch.add, operator.mul, operator.imul, torch.mul,
-                    operator.sub, operator.isub, torch.sub, operator.truediv, operator.itruediv, torch.div, torch.cat}
+                    operator.sub, operator.isub, torch.sub, operator.truediv, operator.itruediv, torch.div, torch.cat,
+                    F.pad}
 _SAME_RANK_METHODS = {"relu", "relu_", "sigmoid", "clamp", "clamp_", "contiguous", "add", "add_", "mul", "mul_",
                       "sub", "sub_", "div", "div_", "transpose", "float"}
 
@@ -1535,6 +1541,30 @@ def _channel_slice(node, modules):
     return first, stop - first
 
 
+_PAD_ARGS = ("input", "pad", "mode", "value")
+
+
+def _image_pad(node, m):
+    """(x, (top, left, bottom, right), value) when node pads the H and W of a rank-4 value by
+    constants >= 0 (``F.pad(x, (l, r[, t, b]), value=v)`` in "constant" mode; nn.ZeroPad2d,
+    nn.ConstantPad2d: module m), else None."""
+    if isinstance(m, (nn.ZeroPad2d, nn.ConstantPad2d)):
+        x, pads, mode, value = (node.args[0] if node.args else None), m.padding, "constant", m.value
+    elif node.op == "call_function" and node.target is F.pad:
+        kw = dict(zip(_PAD_ARGS, node.args), **node.kwargs)
+        x, pads, mode, value = kw.get("input"), kw.get("pad"), kw.get("mode", "constant"), kw.get("value")
+    else:
+        return None
+    pads = tuple(pads) if isinstance(pads, (tuple, list)) else None
+    value = 0.0 if value is None else value
+    if not (isinstance(x, torch.fx.Node) and rank_of(x) == 4 and mode == "constant" and pads is not None
+            and len(pads) in (2, 4) and all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in pads)
+            and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+        return None
+    left, right, top, bottom = pads + (0, 0) * (len(pads) == 2)
+    return x, (top, left, bottom, right), float(value)
+
+
 def _row_pick(node, modules):
     """(x, k) of x[:, k] (``x[:, k, :]``) for k >= 0 on rank-3 rows [N, L, C] that nothing
     writes in place (ViT's class token taken for its head), else None."""
@@ -1673,6 +1703,9 @@ def _channels(node, modules):
         return m.out_features if isinstance(m, (FrozenLinear, nn.Linear)) else None
     if _scalar_affine(node) is not None:
         return channels_of(_scalar_affine(node)[0])
+    if node.op == "call_function" and node.target is F.pad:  # of H and W only: the channels kept
+        pad = _image_pad(node, None)
+        return channels_of(pad[0]) if pad is not None else None
     if (node.op == "call_function" and node.target in _SAME_RANK_FUNCS - {torch.cat, F.layer_norm}) or (
             node.op == "call_method" and node.target in _SAME_RANK_METHODS - {"transpose"}):
         cs = {channels_of(a) for a in node.args if isinstance(a, torch.fx.Node)} - {None}

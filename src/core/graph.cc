@@ -66,6 +66,7 @@ const char* kind_name(qpack_node_kind k) {
     case QPACK_NODE_DEPTH_TO_SPACE: return "depth_to_space";
     case QPACK_NODE_ATTENTION: return "attention";
     case QPACK_NODE_CONSTANT: return "constant";
+    case QPACK_NODE_PAD: return "pad";
   }
   return "unknown";
 }
@@ -916,6 +917,14 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
         check(std::isfinite(a), QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (prelu): slopes must be finite");
       }
     }
+    if (n.kind == QPACK_NODE_PAD) {
+      for (int a = 0; a < 4; ++a) {
+        check(n.pad[a] >= 0 && n.pad[a] <= (int64_t(1) << 20), QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
+              " (pad): pads (pad_top, pad_left, pad_bottom, pad_right) must be in [0, 2^20], got ", n.pad[a]);
+      }
+      check(std::isfinite(n.act_min), QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
+            " (pad) needs a finite border value (act_min), got ", n.act_min);
+    }
     if (n.kind == QPACK_NODE_CONSTANT) {
       constexpr int64_t kMax = int64_t(1) << 24;
       check(n.kernel[0] >= 1 && n.kernel[0] <= kMax && n.kernel[1] >= 0 && n.kernel[1] <= kMax &&
@@ -1234,6 +1243,11 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
       }
       return y;
     }
+    case QPACK_NODE_PAD:
+      need_rank(x.rank == 4, "a rank-4 [N, C, H, W] input");
+      y.d[2] = x.d[2] + n.pad[0] + n.pad[2];
+      y.d[3] = x.d[3] + n.pad[1] + n.pad[3];
+      return y;
     case QPACK_NODE_CONSTANT:
       need_rank(x.rank >= 1, "an input of rank 1 or more (its dim 0 the batch)");
       y = Shape{};
@@ -2200,6 +2214,42 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
       } else {
         std::memcpy(y, x, static_cast<size_t>(count) * es);
       }
+      return;
+    }
+    case QPACK_NODE_PAD: {  // NHWC rows: the border's pixels filled, each inner row's W C values copied
+      // (u8 of other qparams: requantized as one channel of W C values, affine_u8)
+      const size_t es = elem_size(xv.dtype);
+      const int64_t H = xs.d[2], W = xs.d[3], C = xs.d[1], OH = ys.d[2], OW = ys.d[3];
+      const int64_t pt = n.pad[0], pl = n.pad[1];
+      const uint8_t border_u8 = u8 ? qy.quant(n.act_min) : 0;
+      const bool requant = u8 && !(xv.scale == yv.scale && xv.zero_point == yv.zero_point);
+      const float m = qx.scale / qy.scale, zi = static_cast<float>(qx.zp), zy = static_cast<float>(qy.zp);
+      auto fill = [&](uint8_t* dst, int64_t count) {
+        if (u8) {
+          std::memset(dst, border_u8, static_cast<size_t>(count));
+        } else {
+          std::fill_n(reinterpret_cast<float*>(dst), count, n.act_min);
+        }
+      };
+      parallel_range(ys.d[0] * OH, std::max<int64_t>(1, kGrain / std::max<int64_t>(OW * C, 1)),
+                     [&](int64_t b0, int64_t e0) {
+        for (int64_t r = b0; r < e0; ++r) {
+          const int64_t img = r / OH, oy = r % OH, iy = oy - pt;
+          uint8_t* dst = y + static_cast<size_t>(r * OW * C) * es;
+          if (iy < 0 || iy >= H) {
+            fill(dst, OW * C);
+            continue;
+          }
+          fill(dst, pl * C);
+          const uint8_t* src = x + static_cast<size_t>(((img * H + iy) * W) * C) * es;
+          if (requant) {
+            affine_u8(src, 1, 1, W * C, &m, nullptr, zi, zy, dst + pl * C);
+          } else {
+            std::memcpy(dst + static_cast<size_t>(pl * C) * es, src, static_cast<size_t>(W * C) * es);
+          }
+          fill(dst + static_cast<size_t>((pl + W) * C) * es, (OW - pl - W) * C);
+        }
+      });
       return;
     }
     case QPACK_NODE_CONSTANT: {  // each sample a copy of the table (its u8 bytes, quantized once)

@@ -24,7 +24,7 @@ namespace qpack {
 
 // The last qpack_node_kind and qpack_activation (graph validation and model
 // files check against these: appending a kind changes them here only).
-constexpr qpack_node_kind kLastNodeKind = QPACK_NODE_CONSTANT;
+constexpr qpack_node_kind kLastNodeKind = QPACK_NODE_PAD;
 constexpr qpack_activation kLastActivation = QPACK_ACT_TANH;
 
 struct GraphValue {

@@ -657,6 +657,42 @@ static void test_graph_constant(void) {
          "constant: refuses a table of another size than rows x columns");
 }
 
+/* F.pad of an image: one row above, two columns right, the border 0.5. */
+static void test_graph_pad(void) {
+  enum { C = 2, H = 2, W = 3, OH = 3, OW = 5 };
+  float x[C][H][W], y[C][OH][OW];
+  for (int i = 0; i < C * H * W; ++i) (&x[0][0][0])[i] = (float)i;
+  qpack_graph_value values[2] = {{QPACK_DTYPE_F32, 0, 0}, {QPACK_DTYPE_F32, 0, 0}};
+  qpack_graph_node node;
+  memset(&node, 0, sizeof(node));
+  node.kind = QPACK_NODE_PAD;
+  node.num_inputs = 1;
+  node.output = 1;
+  node.pad_top = 1;
+  node.pad_right = 2;
+  node.act_min = 0.5f;
+  int32_t in_v = 0, out_v = 1;
+  qpack_graph_params gp = {2, values, 1, &node, 1, &in_v, 1, &out_v};
+  qpack_graph* g = NULL;
+  EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_SUCCESS && g != NULL, "pad: create");
+  qpack_tensor ti = {QPACK_DTYPE_F32, 4, {1, C, H, W}, QPACK_LAYOUT_NCHW, x};
+  qpack_tensor to = {QPACK_DTYPE_F32, 4, {1, C, OH, OW}, QPACK_LAYOUT_NCHW, y};
+  EXPECT(qpack_graph_run(g, 1, &ti, 1, &to) == QPACK_STATUS_SUCCESS, "pad: run");
+  int same = 1;
+  for (int c = 0; c < C; ++c) {
+    for (int i = 0; i < OH; ++i) {
+      for (int j = 0; j < OW; ++j) same &= y[c][i][j] == (i >= 1 && j < W ? x[c][i - 1][j] : 0.5f);
+    }
+  }
+  EXPECT(same, "pad: the image inside its border");
+  qpack_graph_destroy(g);
+  node.pad_left = -1;
+  g = NULL;
+  EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_INVALID_ARGUMENT && g == NULL &&
+             strstr(qpack_last_error(), "pad") != NULL,
+         "pad: refuses a negative pad");
+}
+
 int main(void) {
   char buf[256];
   for (int i = 0; i < qpack_backend_count(); ++i) {
@@ -686,6 +722,7 @@ int main(void) {
   test_attention_mask();
   test_graph_attention();
   test_graph_constant();
+  test_graph_pad();
   printf("c_api: %d passed, %d failed\n", passes, failures);
   return failures == 0 ? 0 : 1;
 }

@@ -288,6 +288,9 @@ def per_edge_reference(f, x):
             r = qpack.torch.modules.blocks_to_space(a, *n["kernel"])
         elif k == "channels":
             r = G.channel_part(a, n["kernel"][0], n["kernel"][1], n["stride"][0])
+        elif k == "pad":
+            t, lf, b, rt = n["padding"]
+            r = F.pad(a, (lf, rt, t, b), value=n.get("act_min", 0.0))
         elif k == "channel_range":
             r = a[:, n["kernel"][0]:n["kernel"][0] + n["kernel"][1]]
         elif k == "concat":

@@ -487,12 +487,13 @@ def test_unsupported_interpolations_stay_in_pytorch():
 
 def test_build_info_lists_the_new_node_kinds():
     nodes = qpack.build_info()["graph_nodes"]
-    for k in ("prelu", "resize_nearest", "resize_bilinear"):
+    for k in ("prelu", "resize_nearest", "resize_bilinear", "constant", "pad"):
         assert k in nodes
 
 
 @pytest.mark.parametrize("make,kind", [(lambda: TopDown("like"), "resize_nearest"), (lambda: ConvPReLU(6), "prelu"),
-                                       (lambda: BilinearHead(True), "resize_bilinear")])
+                                       (lambda: BilinearHead(True), "resize_bilinear"),
+                                       (lambda: PaddedStem(), "pad")])
 def test_saved_models_with_the_new_nodes_reload(tmp_path, make, kind):
     torch.manual_seed(9)
     model = make().eval()
@@ -695,3 +696,91 @@ def test_group_norm_models_are_one_graph(tmp_path):
             assert rel_err(f8(x), model(x)) < 0.1
         for norm in (GroupNorm1(8), nn.GroupNorm(2, 8)):
             check_int8(_group_normed(norm), x, backend)
+
+
+# ---- zero / constant padding of an image: the pad node ------------------------------------
+
+class PaddedStem(nn.Module):
+    """timm's HGNetV2 stem: ``F.pad(x, (0, 1, 0, 1))`` before a 2x2 convolution and a 2x2 /
+    1 max pool over the padded image (the zeros take part in its max), concatenated; then
+    nn.ZeroPad2d and nn.ConstantPad2d (a value other than 0) of other sides, and a pad of W
+    only."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem1 = nn.Conv2d(3, 8, 3, 2, 1)
+        self.stem2a, self.stem2b = nn.Conv2d(8, 4, 2), nn.Conv2d(4, 8, 2)
+        self.pool = nn.MaxPool2d(2, 1, ceil_mode=True)
+        self.zero, self.const = nn.ZeroPad2d((2, 0, 1, 3)), nn.ConstantPad2d(1, -1.5)
+        self.out = nn.Conv2d(16, 4, 3)
+
+    def forward(self, x):
+        x = F.relu(self.stem1(x))
+        x = F.pad(x, (0, 1, 0, 1))
+        x2 = self.stem2b(F.pad(self.stem2a(x), (0, 1, 0, 1)))
+        y = torch.cat([self.pool(x), x2], dim=1)
+        return self.out(F.pad(self.const(self.zero(y)), [1, 2], value=0.5))
+
+
+def test_padding_an_image_is_the_pad_node():
+    """Every pad of the model is a pad node of one graph, eager's values at two sizes (and
+    channels_last), int8 on both backends within the per-edge reference."""
+    torch.manual_seed(16)
+    model = PaddedStem().eval()
+    check_both(model, torch.randn(2, 3, 16, 16), ["pad"])
+    f = qpack.freeze(model, progress=False)
+    assert kinds(f).count("pad") == 5
+    with torch.no_grad():
+        x = torch.randn(1, 3, 21, 19)
+        assert rel_err(f(x), model(x)) < 1e-5
+
+
+@pytest.mark.parametrize("pad,mode", [((1, -1, 0, 0), "constant"), ((1, 1, 1, 1), "reflect"),
+                                      ((1, 1, 1, 1, 1, 1), "constant")])
+def test_pads_the_node_does_not_take_stay_in_pytorch(pad, mode):
+    """A crop (a negative pad), another mode, or a pad of the channels too: PyTorch's, between
+    graphs, with eager's values."""
+    class Pad(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(3, 4, 1), nn.Conv2d(4 + 2 * (len(pad) == 6), 4, 1)
+
+        def forward(self, x):
+            return self.c2(F.pad(self.c1(x), pad, mode=mode))
+    torch.manual_seed(17)
+    model = Pad().eval()
+    f = qpack.freeze(model, progress=False)
+    assert plan(f) != "graph"
+    with torch.no_grad():
+        x = torch.randn(1, 3, 6, 7)
+        assert rel_err(f(x), model(x)) < 1e-5
+
+
+def test_the_pad_node_f32_and_u8():
+    """Through GraphHandle: f32 as F.pad of the value (any finite border); u8 its border that value
+    quantized to the output's qparams, the image requantized where they differ (a border outside
+    the input's range: its own calibrated range); bad pads refused, bad inputs leave it usable."""
+    x = torch.randn(2, 3, 4, 5)
+    g = _core.GraphHandle(F32, [dict(kind="pad", inputs=[0], output=1, padding=(1, 2, 0, 3), act_min=-0.25)],
+                          [0], [1])
+    got = torch.from_numpy(g.run([x.numpy()], ["nchw"], "nchw")[0])
+    assert torch.equal(got, F.pad(x, (2, 3, 1, 0), value=-0.25))
+    q = _core.GraphHandle([("u8", 0.5, 10), ("u8", 0.5, 10)],
+                          [dict(kind="pad", inputs=[0], output=1, padding=(2, 0, 1, 1), act_min=1.2)], [0], [1])
+    xq = np.arange(2 * 3 * 4 * 5, dtype=np.uint8).reshape(2, 3, 4, 5)
+    got = q.run([xq], ["nchw"], "nchw")[0]
+    want = np.pad(xq, ((0, 0), (0, 0), (2, 1), (0, 1)), constant_values=12)  # round(1.2 / 0.5) + 10
+    np.testing.assert_array_equal(got, want)
+    r = _core.GraphHandle([("u8", 0.5, 10), ("u8", 0.25, 40)],
+                          [dict(kind="pad", inputs=[0], output=1, padding=(1, 1, 1, 1), act_min=-9.0)], [0], [1])
+    got = r.run([xq], ["nchw"], "nchw")[0].astype(np.int32)
+    inner = np.clip(np.rint((xq.astype(np.float64) - 10) * 2) + 40, 0, 255)  # 0.5 / 0.25 = 2
+    np.testing.assert_array_equal(got[:, :, 1:-1, 1:-1], inner)
+    assert (got[:, :, 0] == 4).all() and (got[:, :, :, -1] == 4).all()  # -9 / 0.25 + 40
+    for bad, what in [(dict(padding=(-1, 0, 0, 0)), "pads"), (dict(act_min=float("inf")), "finite")]:
+        with pytest.raises(qpack.InvalidArgumentError, match=what):
+            _core.GraphHandle(F32, [dict(dict(kind="pad", inputs=[0], output=1, padding=(1, 1, 1, 1)), **bad)],
+                              [0], [1])
+    with pytest.raises(qpack.InvalidArgumentError, match="rank-4"):
+        g.run([np.ones((2, 3, 4), np.float32)], ["nchw"])
+    assert torch.equal(torch.from_numpy(g.run([x.numpy()], ["nchw"], "nchw")[0]), F.pad(x, (2, 3, 1, 0), value=-0.25))

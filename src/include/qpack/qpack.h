@@ -521,6 +521,11 @@ typedef enum qpack_node_kind {
                                     token expanded over the batch, its position embedding);
                                     u8: those floats quantized to the output value's qparams when
                                     the graph is created (round half to even, clamped) */
+  QPACK_NODE_PAD = 24,           /* [N, C, H, W] -> [N, C, pad_top + H + pad_bottom, pad_left + W +
+                                    pad_right] (F.pad of an image, nn.ZeroPad2d): the border
+                                    act_min (finite); u8: the border act_min quantized to the
+                                    output's qparams, the image requantized to them where they
+                                    differ from the input's; pads in [0, 2^20] */
 } qpack_node_kind;
 
 typedef enum qpack_activation {
