@@ -1107,8 +1107,8 @@ def _batch_constant(node, gm, shapes):
         return None
     for x, k in (node.args, node.args[::-1]):
         t = table(k)
-        if (t is not None and isinstance(x, torch.fx.Node) and _attr_tensor(gm, x) is None
-                and rank_of(x) == t.ndim and all(d > 1 for d in t.shape[1:])):
+        if (t is not None and isinstance(x, torch.fx.Node) and _attr_tensor(gm, x) is None and rank_of(x) == t.ndim
+                and all(d > 1 for d in t.shape[1:]) and not _last_dim_constant(t)):  # (those: an affine node)
             return x, k, x
     return None
 

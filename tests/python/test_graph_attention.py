@@ -720,6 +720,27 @@ def test_int8_class_tokens_within_one_quantum_of_the_reference(backend):
     assert len(consts) == 3 and all(spec["values"][n["output"]][0] == "u8" for n in consts)
 
 
+def test_a_bias_of_the_last_dim_stays_an_affine_node():
+    """x + b of rows [N, C] and b [1, C] is the affine node over the last dim, not a constant
+    table and an add."""
+    class Bias(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 8, 4), nn.Linear(8, 4)
+            self.b = nn.Parameter(torch.randn(1, 8))
+
+        def forward(self, x):
+            return self.fc(torch.flatten(self.conv(x), 1) + self.b)  # rows of a known rank
+    torch.manual_seed(18)
+    model = Bias().eval()
+    f = qpack.freeze(model, progress=False)
+    kinds = [n["kind"] for n in G.runner_of(f)._spec["nodes"]]
+    assert "affine" in kinds and "constant" not in kinds and "add" not in kinds
+    x = torch.randn(3, 3, 4, 4)
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-5
+
+
 def test_a_constant_that_is_not_one_sample_stays_in_pytorch():
     """A table of another batch than 1, or one broadcast along a dim of 1 (not the value's
     shape), is not the constant node's: PyTorch adds it between graphs, with eager's values."""
