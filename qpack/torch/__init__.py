@@ -9,10 +9,10 @@ the memory report.
 from qpack.torch import freeze, quantize, report  # noqa: F401  (submodules, by name)
 from qpack.torch.freeze import MAPPING, FreezeContext, FreezeWarning, Rule, fold_bn, register
 from qpack.torch.modules import (FrozenConv1d, FrozenConv2d, FrozenConvTranspose2d, FrozenLinear, FrozenMultiheadAttention,
-                                 FrozenTransformerEncoder, FrozenTransformerEncoderLayer)
+                                 FrozenTransformerEncoder, FrozenTransformerEncoderLayer, SamePadConv2d)
 from qpack.torch.report import MemoryReport
 
 __all__ = ["MAPPING", "FreezeContext", "FreezeWarning", "FrozenConv1d", "FrozenConv2d", "FrozenConvTranspose2d",
            "FrozenLinear",
            "FrozenMultiheadAttention", "FrozenTransformerEncoder", "FrozenTransformerEncoderLayer", "MemoryReport",
-           "Rule", "fold_bn", "register"]
+           "Rule", "SamePadConv2d", "fold_bn", "register"]

@@ -25,7 +25,8 @@ from qpack._core import InvalidArgumentError, InvalidTypeError
 from qpack._policy import backends as _backends
 from qpack.torch import quantize as _q
 from qpack.torch.modules import (FROZEN_TYPES, FrozenConv1d, FrozenConv2d, FrozenConvTranspose2d, FrozenLinear,
-                                 FrozenMultiheadAttention, FrozenTransformerEncoder, FrozenTransformerEncoderLayer)
+                                 FrozenMultiheadAttention, FrozenTransformerEncoder, FrozenTransformerEncoderLayer,
+                                 SamePadConv2d, same_pads)
 
 
 class FreezeWarning(UserWarning):
@@ -1048,7 +1049,8 @@ def _subclass_rules(model, rules):
         base = next((b for b in bases if isinstance(m, b)), None)
         if t in rules or base is None or verdict.get(t) is False:
             continue
-        verdict[t] = _computes_as(m, base) or (base is not nn.Linear and _effective_conv(m) is not None and "weight")
+        verdict[t] = (_computes_as(m, base) or (base is not nn.Linear and _effective_conv(m) is not None and "weight")
+                      or (base is nn.Conv2d and _same_padded(m) and "same"))
     out = {}
     for m in model.modules():  # subclasses of the Transformer layers that compute as them
         base = _written_out_as(m)
@@ -1058,9 +1060,41 @@ def _subclass_rules(model, rules):
         rule = rules[next(b for b in bases if issubclass(t, b))]
         if same == "weight":  # its weight made in forward (weight standardization): packed as made
             rule = Rule(_effective_weight_converter(rule.convert), rule.fold_bn, rule.fuse_activation)
+        elif same == "same":  # TensorFlow's "SAME" padding from the input's size, then itself unpadded
+            rule = Rule(_same_pad_converter(rule.convert), rule.fold_bn, rule.fuse_activation)
         if same:
             out[t] = rule
     return out
+
+
+def _same_pad_converter(convert):
+    def convert_same_padded(mod, ctx, bn=None, activation=None):
+        conv = convert(mod, ctx, bn, activation)
+        return None if conv is None else SamePadConv2d(conv)
+    return convert_same_padded
+
+
+def _same_padded(m):
+    """True when Conv2d subclass m (no padding of its own) computes F.conv2d of its input padded
+    as TensorFlow's "SAME" does (timm's Conv2dSame): checked on random inputs of an even and
+    an odd size."""
+    if tuple(m.padding) != (0, 0) or m.padding_mode != "zeros":
+        return False
+    g = torch.Generator().manual_seed(2)
+    try:
+        for extra in (0, 1):
+            x = _probe_input(m, g)
+            x = torch.randn(*x.shape[:2], x.shape[2] + extra, x.shape[3] + 2 * extra + 1, generator=g)
+            (top, bottom), (left, right) = (same_pads(x.shape[2 + i], m.kernel_size[i], m.stride[i], m.dilation[i])
+                                            for i in (0, 1))
+            with torch.no_grad():
+                want = F.conv2d(F.pad(x, (left, right, top, bottom)), m.weight, m.bias, m.stride, 0, m.dilation,
+                                m.groups)
+                if not torch.equal(m(x), want):
+                    return False
+    except Exception:  # noqa: BLE001 - a forward that does something else
+        return False
+    return True
 
 
 def _effective_weight_converter(convert):

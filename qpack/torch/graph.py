@@ -1903,6 +1903,9 @@ def _rank_check_holds(cond):
 
 def _rank(node, modules):
     """The rank of an fx node's value from its op and its inputs' ranks, or None."""
+    if node.op == "placeholder":  # an input's, in a trace specialized to example shapes
+        shape = node.meta.get("qpack_shape")
+        return len(shape) if shape is not None else None
     first = node.args[0] if node.args else None
     r = rank_of(first)
     if node.op == "call_module":

@@ -732,6 +732,38 @@ class FrozenConvTranspose2d(nn.Module):
         return t.train(False)
 
 
+def same_pads(size, kernel, stride, dilation):
+    """(before, after) of TensorFlow's "SAME" padding of one dim of ``size``: the total that
+    makes ceil(size / stride) outputs, the odd one after."""
+    total = max((-(-size // stride) - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
+    return total // 2, total - total // 2
+
+
+class SamePadConv2d(nn.Module):
+    """A convolution of its input padded as TensorFlow's "SAME" does, by amounts from the
+    input's H and W (timm's Conv2dSame, in its TF-ported models): ``conv`` the frozen
+    layer with no padding of its own (a FrozenConv2d; after unfreeze an nn.Conv2d, in an
+    nn.Sequential with its fused activation). A trace on example shapes sees the pads as
+    constants (the graph's pad node before the convolution); a symbolic one cannot (the
+    amounts compare sizes)."""
+
+    def __init__(self, conv):
+        super().__init__()
+        self.conv = conv
+        self.kernel_size, self.stride, self.dilation = (tuple(int(v) for v in getattr(conv, a))
+                                                        for a in ("kernel_size", "stride", "dilation"))
+
+    def extra_repr(self):
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, dilation={self.dilation}"
+
+    def forward(self, x):
+        k, s, d = self.kernel_size, self.stride, self.dilation
+        h, w = x.shape[-2:]
+        top, bottom = same_pads(h, k[0], s[0], d[0])
+        left, right = same_pads(w, k[1], s[1], d[1])
+        return self.conv(F.pad(x, (left, right, top, bottom)))
+
+
 class FrozenTransformerEncoderLayer(nn.Module):
     """nn.TransformerEncoderLayer (eval) as the ops it computes, written out:
     ``self_attn`` a FrozenMultiheadAttention, ``linear1`` / ``linear2`` frozen
@@ -841,5 +873,6 @@ class FrozenTransformerEncoder(nn.Module):
 
 
 __all__ = ["FrozenConv1d", "FrozenConv2d", "FrozenConvTranspose2d", "FrozenLinear", "FrozenMultiheadAttention",
+           "SamePadConv2d",
            "FrozenTransformerEncoder",
            "FrozenTransformerEncoderLayer", "PackedWeight", "FROZEN_TYPES"]

@@ -321,10 +321,11 @@ class CallsLinear(nn.Linear):
 
 
 class PadsFirst(nn.Conv2d):
-    """timm's Conv2dSame: pads the input itself, so it is not nn.Conv2d's computation."""
+    """Pads the input itself, so it is not nn.Conv2d's computation; the odd pad before, so not
+    TensorFlow's "SAME" either (timm's Conv2dSame: SamePadConv2d, test_graph_ops_more.py)."""
 
     def forward(self, x):
-        return F.conv2d(F.pad(x, (0, 1, 0, 1)), self.weight, self.bias, self.stride, 0)
+        return F.conv2d(F.pad(x, (1, 0, 1, 0)), self.weight, self.bias, self.stride, 0)
 
 
 def test_subclasses_that_compute_as_their_base_are_frozen():

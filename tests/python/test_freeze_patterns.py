@@ -567,10 +567,11 @@ class StdConv2d(nn.Conv2d):
 
 
 class PadsFirst(nn.Conv2d):
-    """Pads its input before the convolution (timm's Conv2dSame): not a plain conv of x."""
+    """Pads its input before the convolution: not a plain conv of x, nor TensorFlow's "SAME"
+    padding (timm's Conv2dSame, frozen as SamePadConv2d: test_graph_ops_more.py)."""
 
     def forward(self, x):
-        return F.conv2d(F.pad(x, (1, 1, 1, 1)), self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+        return F.conv2d(F.pad(x, (2, 0, 2, 0)), self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
 
 
 @pytest.mark.parametrize("dtype", [None, "int8"])

@@ -784,3 +784,82 @@ def test_the_pad_node_f32_and_u8():
     with pytest.raises(qpack.InvalidArgumentError, match="rank-4"):
         g.run([np.ones((2, 3, 4), np.float32)], ["nchw"])
     assert torch.equal(torch.from_numpy(g.run([x.numpy()], ["nchw"], "nchw")[0]), F.pad(x, (2, 3, 1, 0), value=-0.25))
+
+
+# ---- TensorFlow's "SAME" padding (timm's Conv2dSame): a pad node and the convolution --------
+
+class ConvSame(nn.Conv2d):
+    """timm's Conv2dSame: no padding of its own, the input padded from its size as TensorFlow's
+    "SAME" does (the odd pad after), then F.conv2d."""
+
+    def forward(self, x):
+        ih, iw = x.size()[-2:]
+        ph = max((math.ceil(ih / self.stride[0]) - 1) * self.stride[0] + (self.kernel_size[0] - 1) + 1 - ih, 0)
+        pw = max((math.ceil(iw / self.stride[1]) - 1) * self.stride[1] + (self.kernel_size[1] - 1) + 1 - iw, 0)
+        x = F.pad(x, [pw // 2, pw - pw // 2, ph // 2, ph - ph // 2])
+        return F.conv2d(x, self.weight, self.bias, self.stride, (0, 0), self.dilation, self.groups)
+
+
+class TFStem(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.bn1 = ConvSame(3, 8, 3, 2, bias=False), nn.BatchNorm2d(8)
+        self.dw, self.bn2 = ConvSame(8, 8, 5, 2, groups=8, bias=False), nn.BatchNorm2d(8)
+        self.pw, self.fc = nn.Conv2d(8, 16, 1), nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.stem(x)))
+        x = F.relu(self.bn2(self.dw(x)))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.pw(x), 1), 1))
+
+
+def _tf_stem():
+    torch.manual_seed(19)
+    model = TFStem().eval()
+    with torch.no_grad():  # trained-like statistics
+        for bn in (model.bn1, model.bn2):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+    return model
+
+
+def test_same_padded_convolutions_are_a_pad_and_a_frozen_convolution():
+    """Frozen with an example input, the TF-padded convolutions (their BatchNorm folded, their
+    ReLU fused) and their pads are one graph (the pads constants of the example's shape, the
+    input's too); another shape runs the layers (a FreezeWarning) with eager's values; without
+    an example the layers are packed and run on their own; unfreeze gives nn.Conv2d back."""
+    model = _tf_stem()
+    x = torch.randn(2, 3, 17, 20)
+    f = qpack.freeze(model, example_inputs=x, progress=False)
+    assert isinstance(f.stem, qpack.torch.SamePadConv2d) and isinstance(f.stem.conv, qpack.torch.FrozenConv2d)
+    assert plan(f) == "graph", qpack.graph_report(f)
+    ks = kinds(f)
+    assert ks.count("pad") == 2 and ks.count("conv2d") == 3 and "affine" not in ks
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-5
+        other = torch.randn(1, 3, 16, 16)
+        with pytest.warns(qpack.torch.FreezeWarning, match="traced for inputs of shape"):
+            assert rel_err(f(other), model(other)) < 1e-5
+        g = qpack.freeze(model, progress=False, graph=False)
+        assert isinstance(g.dw, qpack.torch.SamePadConv2d) and rel_err(g(other), model(other)) < 1e-5
+        u = qpack.unfreeze(f)  # (the stem's fused ReLU after its nn.Conv2d)
+        assert type(u.stem.conv[0]) is nn.Conv2d and rel_err(u(other), model(other)) < 1e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int8_same_padded_convolutions_within_the_reference(backend):
+    check_int8(_tf_stem(), torch.randn(2, 3, 17, 20), backend)
+
+
+def test_a_convolution_padded_otherwise_is_not_taken_for_same():
+    """A Conv2d subclass that pads by a fixed amount (not TensorFlow's rule) keeps its own forward."""
+    class Fixed(nn.Conv2d):
+        def forward(self, x):
+            return F.conv2d(F.pad(x, (1, 1, 1, 1)), self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+    torch.manual_seed(20)
+    model = nn.Sequential(Fixed(3, 4, 3, 2), nn.ReLU()).eval()
+    f = qpack.freeze(model, progress=False)
+    assert type(f[0]) is Fixed
+    x = torch.randn(1, 3, 9, 9)
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-6
