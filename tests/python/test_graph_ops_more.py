@@ -863,3 +863,31 @@ def test_a_convolution_padded_otherwise_is_not_taken_for_same():
     x = torch.randn(1, 3, 9, 9)
     with torch.no_grad():
         assert rel_err(f(x), model(x)) < 1e-6
+
+
+@pytest.mark.parametrize("channels", [3, 16, 19])
+@pytest.mark.parametrize("kernel,stride,padding,ceil", [(2, 1, 0, True), (3, 1, 1, False), (3, (2, 1), 1, False),
+                                                        (3, (1, 2), 0, True)])
+def test_max_pools_of_stride_one_along_w_match_pytorch(channels, kernel, stride, padding, ceil):
+    """The max pool node's rows of stride 1 along W (a pass per tap over the row, the border
+    columns a window at a time) against F.max_pool2d, exactly, on odd sizes; int8 within the
+    per-edge reference."""
+    class Pool(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(3, channels, 3), nn.Conv2d(channels, 4, 1)
+
+        def forward(self, x):
+            return self.c2(F.max_pool2d(self.c1(x), kernel, stride, padding, ceil_mode=ceil))
+    torch.manual_seed(21)
+    model = Pool().eval()
+    x = torch.randn(2, 3, 15, 18)
+    f = check_fp32(model, x)
+    assert "maxpool2d" in kinds(f)
+    g = _core.GraphHandle(F32, [dict(kind="maxpool2d", inputs=[0], output=1, kernel=(kernel, kernel),
+                                     stride=stride if isinstance(stride, tuple) else (stride, stride),
+                                     padding=(padding,) * 4, ceil_mode=ceil)], [0], [1])
+    t = torch.randn(2, channels, 13, 17)
+    got = torch.from_numpy(g.run([t.numpy()], ["nchw"], "nchw")[0])
+    assert torch.equal(got, F.max_pool2d(t, kernel, stride, padding, ceil_mode=ceil))
+    check_int8(model, x, BACKENDS[0])
