@@ -1085,10 +1085,10 @@ def batch_constant(like, table):
 
 
 def _batch_constant(node, gm, shapes):
-    """(like, table node, add) when node expands a constant table [1, ...] of rank 2 or 3 over
-    the batch of value ``like`` (``cls_token.expand(x.shape[0], -1, -1)``: add None), or adds
-    one whose other dims are all above 1 to a value of its rank (``x + pos_embed``: add the
-    value; PyTorch's broadcast then needs their dims equal, which the core's add checks);
+    """(like, table node, added) when node expands a constant table [1, ...] of rank 2 or 3 over
+    the batch of value ``like`` (``cls_token.expand(x.shape[0], -1, -1)``: added False), or adds
+    one whose other dims are all above 1 to ``like``, a value of its rank (``x + pos_embed``:
+    added True; PyTorch's broadcast then needs their dims equal, which the core's add checks);
     else None."""
     def table(a):
         t = _attr_tensor(gm, a)
@@ -1100,7 +1100,7 @@ def _batch_constant(node, gm, shapes):
         first = shapes.sym.get(sizes[0]) if isinstance(sizes[0], torch.fx.Node) else None
         if (t is not None and len(sizes) == t.ndim and isinstance(first, tuple) and first[0] == "dim"
                 and first[2] == 0 and all(a == -1 or a == t.shape[i] for i, a in enumerate(sizes) if i)):
-            return first[1], node.args[0], None
+            return first[1], node.args[0], False
         return None
     if not ((node.op == "call_function" and node.target in (operator.add, torch.add)) or (
             node.op == "call_method" and node.target == "add")) or len(node.args) != 2 or node.kwargs:
@@ -1109,7 +1109,7 @@ def _batch_constant(node, gm, shapes):
         t = table(k)
         if (t is not None and isinstance(x, torch.fx.Node) and _attr_tensor(gm, x) is None and rank_of(x) == t.ndim
                 and all(d > 1 for d in t.shape[1:]) and not _last_dim_constant(t)):  # (those: an affine node)
-            return x, k, x
+            return x, k, True
     return None
 
 
@@ -1524,21 +1524,25 @@ def _mutated(node, modules):
 
 
 def _channel_slice(node, modules):
-    """(first, count) of x[:, a:b] (trailing dims whole) on a value of known rank
-    and channels that nothing writes in place, else None."""
+    """(first, count, picked) of x[:, a:b] (trailing dims whole) on a value of known rank and
+    channels (picked False), or of x[:, k] (``x[:, k, :]``) for k >= 0 on rank-3 rows [N, L, C]
+    (count 1, picked True: dim 1 dropped; ViT's class token taken for its head), x written in
+    place by nothing; else None."""
     x, idx = node.args if len(node.args) == 2 else (None, None)
     if not isinstance(x, torch.fx.Node) or not isinstance(idx, tuple) or len(idx) < 2:
         return None
     r, c = rank_of(x), channels_of(x)
     s = idx[1]
-    if (r is None or c is None or len(idx) > r or idx[0] != slice(None) or any(i != slice(None) for i in idx[2:])
-            or not isinstance(s, slice) or s.step not in (None, 1)
+    if (r is None or len(idx) > r or idx[0] != slice(None) or any(i != slice(None) for i in idx[2:])
+            or _mutated(node, modules) or _mutated(x, modules)):
+        return None
+    if isinstance(s, int) and not isinstance(s, bool):
+        return (s, 1, True) if r == 3 and s >= 0 else None
+    if (c is None or not isinstance(s, slice) or s.step not in (None, 1)
             or not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in (s.start, s.stop))):
         return None
     first, stop, _ = s.indices(c)
-    if stop <= first or _mutated(node, modules) or _mutated(x, modules):
-        return None
-    return first, stop - first
+    return (first, stop - first, False) if stop > first else None
 
 
 _PAD_ARGS = ("input", "pad", "mode", "value")
@@ -1563,20 +1567,6 @@ def _image_pad(node, m):
         return None
     left, right, top, bottom = pads + (0, 0) * (len(pads) == 2)
     return x, (top, left, bottom, right), float(value)
-
-
-def _row_pick(node, modules):
-    """(x, k) of x[:, k] (``x[:, k, :]``) for k >= 0 on rank-3 rows [N, L, C] that nothing
-    writes in place (ViT's class token taken for its head), else None."""
-    x, idx = node.args if node.op == "call_function" and node.target is operator.getitem and \
-        len(node.args) == 2 else (None, None)
-    if not (isinstance(x, torch.fx.Node) and rank_of(x) == 3 and isinstance(idx, tuple) and 2 <= len(idx) <= 3
-            and idx[0] == slice(None) and all(i == slice(None) for i in idx[2:])):
-        return None
-    k = idx[1]
-    if not isinstance(k, int) or isinstance(k, bool) or k < 0 or _mutated(node, modules) or _mutated(x, modules):
-        return None
-    return x, k
 
 
 def _split_parts(node, modules):
@@ -2849,18 +2839,16 @@ def canonicalize(gm):
                 continue
         elif node.op == "call_function" and node.target is operator.getitem and (
                 part := _channel_slice(node, modules)):
-            first, count = part
-            new = replace(node, channel_range, (x, first, count))
-            new.meta["qpack_rank"], new.meta["qpack_channels"] = rank_of(x), count
-            continue
-        elif (row := _row_pick(node, modules)) is not None:
-            # x[:, k] of rows [N, L, C] (ViT's class token into its head) -> row k as channel_range
-            # [N, 1, C] flattened to [N, C]: the core's channel_range and flatten nodes
-            x, k = row
+            first, count, picked = part
+            if not picked:
+                new = replace(node, channel_range, (x, first, count))
+                new.meta["qpack_rank"], new.meta["qpack_channels"] = rank_of(x), count
+                continue
+            # x[:, k] of rows [N, L, C]: row k as channel_range [N, 1, C] flattened to [N, C]
             with g.inserting_before(node):
-                part = g.call_function(channel_range, (x, k, 1))
-            part.meta.update(qpack_rank=3, qpack_channels=1, qpack_batch=x.meta.get("qpack_batch", x))
-            node = replace(node, torch.flatten, (part, 1))
+                row = g.call_function(channel_range, (x, first, 1))
+            row.meta.update(qpack_rank=3, qpack_channels=1, qpack_batch=x.meta.get("qpack_batch", x))
+            node = replace(node, torch.flatten, (row, 1))
         elif parts := _split_parts(node, modules):
             for u, (first, count) in parts.items():
                 new = replace(u, channel_range, (x, first, count))
@@ -2947,13 +2935,13 @@ def canonicalize(gm):
             # a constant over a value's batch: ViT's class token expanded to it, its position
             # embedding added to it -> batch_constant (the core's constant node; an add of two values)
             like, attr, added = bc
-            rank, batch = _attr_tensor(gm, attr).ndim, like.meta.get("qpack_batch", like)
-            if added is None:
+            if not added:
                 node = replace(node, batch_constant, (like, attr))
             else:
                 with g.inserting_before(node):
                     const = g.call_function(batch_constant, (like, attr))
-                const.meta.update(qpack_rank=rank, qpack_batch=batch)
+                const.meta.update(qpack_rank=_attr_tensor(gm, attr).ndim,
+                                  qpack_batch=like.meta.get("qpack_batch", like))
                 node.args = tuple(const if a is attr else a for a in node.args)
         elif node.op == "call_function" and node.target is torch.cat:
             dim = _dim_arg(node, 1, "dim", 0)

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <limits>
 #include <string>
-#include <type_traits>
 
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -529,24 +528,6 @@ inline void max_rows(const T* const* rows, int64_t count, int64_t C, T* __restri
 }
 #endif
 
-// o[k] = s[k] > o[k] ? s[k] : o[k] for k < n: max_rows's choice, one more row into o.
-template <typename T>
-inline void max_into(const T* __restrict s, int64_t n, T* __restrict o) {
-  int64_t k = 0;
-#ifdef __SSE2__
-  if constexpr (std::is_same_v<T, float>) {
-    for (; k + 4 <= n; k += 4) _mm_storeu_ps(o + k, _mm_max_ps(_mm_loadu_ps(s + k), _mm_loadu_ps(o + k)));
-  } else {
-    for (; k + 16 <= n; k += 16) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k));
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(o + k));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + k), _mm_max_epu8(a, b));
-    }
-  }
-#endif
-  for (; k < n; ++k) o[k] = s[k] > o[k] ? s[k] : o[k];
-}
-
 template <typename T>
 inline void sum_into(float* __restrict acc, const T* __restrict p, int64_t C) {
   for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<float>(p[c]);
@@ -564,27 +545,21 @@ void max_pool(const T* __restrict x, const Shape& xs, const Shape& ys, const Gra
     for (int64_t r = b; r < e; ++r) {
       const int64_t img = r / OH, oh = r % OH;
       // Stride 1 along W: the windows of columns [lo, hi) lie inside the input's row, and
-      // their maxima over the output row are elementwise maxima of the window's input rows,
-      // each shifted by whole pixels: one pass per tap, in the taps' order (HGNetV2's 2 x 2 / 1
-      // pool of [1, 16, 113, 113], fp32, one Zen 5 thread: a window at a time took 119 us)
+      // their maxima over the output row are max_rows over the window's taps, each tap the
+      // input row shifted by whole pixels, (hi - lo) C values long, in the taps' order
+      // (HGNetV2's 2 x 2 / 1 pool of [1, 16, 113, 113], fp32, one Zen 5 thread: a window at a
+      // time took 119 us)
       int64_t lo = 0, hi = 0;
       if (n.stride[1] == 1) {
-        const Window rows_of = window(n, H, W, oh, 0);
+        const Window taps = window(n, H, W, oh, 0);
         lo = std::min<int64_t>(n.pad[1], OW);
         hi = std::max(lo, std::min<int64_t>(OW, W - n.kernel[1] + n.pad[1] + 1));
-        if (rows_of.he <= rows_of.hs) lo = hi = 0;
-        T* __restrict o = y + ((img * OH + oh) * OW + lo) * C;
-        const int64_t count = (hi - lo) * C;
-        for (int64_t h = rows_of.hs; h < rows_of.he && count > 0; ++h) {
-          for (int64_t k = 0; k < n.kernel[1]; ++k) {
-            const T* s = x + ((img * H + h) * W + lo - n.pad[1] + k) * C;
-            if (h == rows_of.hs && k == 0) {
-              std::memcpy(o, s, static_cast<size_t>(count) * sizeof(T));
-            } else {
-              max_into(s, count, o);
-            }
-          }
+        if (taps.he <= taps.hs) lo = hi = 0;
+        int64_t count = 0;
+        for (int64_t h = taps.hs; h < taps.he && hi > lo; ++h) {
+          for (int64_t k = 0; k < n.kernel[1]; ++k) rows[count++] = x + ((img * H + h) * W + lo - n.pad[1] + k) * C;
         }
+        if (count > 0) max_rows(rows.data(), count, (hi - lo) * C, y + ((img * OH + oh) * OW + lo) * C);
       }
       for (int64_t ow = 0; ow < OW; ++ow) {
         if (ow >= lo && ow < hi) continue;

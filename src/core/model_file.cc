@@ -260,8 +260,8 @@ std::shared_ptr<Graph> read_graph(ByteReader& r, const std::vector<ModelOp>& ops
     r.expect(c <= r.remaining() / sizeof(float), "affine shift");
     n.affine_shift.resize(c);
     if (c > 0) std::memcpy(n.affine_shift.data(), r.take(c * sizeof(float)), c * sizeof(float));
-    r.expect(kind == QPACK_NODE_ATTENTION || (shifted || kind == QPACK_NODE_PRELU || kind == QPACK_NODE_CONSTANT) == !n.affine_scale.empty(),
-             "affine channel count");
+    const bool held = shifted || kind == QPACK_NODE_PRELU || kind == QPACK_NODE_CONSTANT;
+    r.expect(kind == QPACK_NODE_ATTENTION || held == !n.affine_scale.empty(), "affine channel count");
   }
   r.expect(r.remaining() == 0, "length");
   // The graph's own validation (types, wiring, parameters) as qpack_graph_create.
