@@ -40,7 +40,7 @@ NODE_KINDS = {                                      # qpack_node_kind (src/inclu
     14: "adaptive_avgpool2d",
     15: "prelu", 16: "resize_nearest", 17: "resize_bilinear",
     18: "channel_range", 19: "layer_norm", 20: "transpose", 21: "depth_to_space", 22: "attention",
-    23: "constant", 24: "pad",
+    23: "constant", 24: "pad", 25: "permute_rows",
 }
 ACTIVATIONS = {                                     # qpack_activation
     0: "none", 1: "relu", 2: "clamp", 3: "hardswish", 4: "sigmoid", 5: "gelu", 6: "silu",
@@ -666,7 +666,8 @@ def _node(c, k, nv, ops, problems, where):
     node["act_min"], node["act_max"] = c.f32("node act_min"), c.f32("node act_max")
     na = c.u32("node num_affine")
     node["num_affine"] = na
-    c.array("f", na, "node affine scale")  # prelu: its slopes, attention: its mask, constant: its values
+    c.array("f", na, "node affine scale")  # prelu: its slopes, attention: its mask, constant: its values,
+    # permute_rows: its permutation
     if kind in (9, 19):  # affine, layer_norm: a shift as long
         c.array("f", na, "node affine shift")
 
@@ -693,9 +694,9 @@ def _node(c, k, nv, ops, problems, where):
         if min(node["kernel"] + node["stride"]) < 1 or min(node["pad"]) < 0:
             problems.append(f"{where} ({name}): kernel {node['kernel']}, stride {node['stride']}, "
                             f"pad {node['pad']} out of range")
-    if name in ("affine", "prelu", "layer_norm", "constant") and na == 0:
+    if name in ("affine", "prelu", "layer_norm", "constant", "permute_rows") and na == 0:
         problems.append(f"{where}: an {name} node without channels")
-    elif name not in ("affine", "prelu", "layer_norm", "attention", "constant") and na:
+    elif name not in ("affine", "prelu", "layer_norm", "attention", "constant", "permute_rows") and na:
         problems.append(f"{where} ({name}): {na} affine channels on a non-affine node")
     want_in = {"add": 2, "mul": 2, "attention": 3}.get(
         name, None if name in ("concat", "resize_nearest", "resize_bilinear", "transpose") else 1)

@@ -13,7 +13,7 @@ NODE_KINDS = {"conv2d": QPACK_NODE_CONV2D, "linear": QPACK_NODE_LINEAR, "add": Q
               "resize_bilinear": QPACK_NODE_RESIZE_BILINEAR, "channel_range": QPACK_NODE_CHANNEL_RANGE,
               "layer_norm": QPACK_NODE_LAYER_NORM, "transpose": QPACK_NODE_TRANSPOSE,
               "depth_to_space": QPACK_NODE_DEPTH_TO_SPACE, "attention": QPACK_NODE_ATTENTION,
-              "constant": QPACK_NODE_CONSTANT, "pad": QPACK_NODE_PAD}
+              "constant": QPACK_NODE_CONSTANT, "pad": QPACK_NODE_PAD, "permute_rows": QPACK_NODE_PERMUTE_ROWS}
 ACTIVATIONS = {None: QPACK_ACT_NONE, "relu": QPACK_ACT_RELU, "clamp": QPACK_ACT_CLAMP,
                "hardswish": QPACK_ACT_HARDSWISH, "sigmoid": QPACK_ACT_SIGMOID,
                "gelu": QPACK_ACT_GELU, "silu": QPACK_ACT_SILU, "hardsigmoid": QPACK_ACT_HARDSIGMOID,
@@ -161,6 +161,15 @@ cdef class GraphHandle:
                         raise InvalidArgumentError("a constant's table must be [rows] or [rows, columns], not empty")
                     cn[i].kernel_h, cn[i].kernel_w = sc.shape[0], sc.shape[1] if sc.ndim == 2 else 0
                     sc = sc.reshape(-1)
+                    keep.append(sc)
+                    fview = sc
+                    cn[i].affine_scale = &fview[0]
+                    cn[i].channels = sc.shape[0]
+                elif n["kind"] == "permute_rows":
+                    sc = np.ascontiguousarray(n["rows"], dtype=np.float32)
+                    if sc.ndim != 1 or sc.shape[0] == 0:
+                        raise InvalidArgumentError("permute_rows needs its permutation as 1-D rows, not empty")
+                    cn[i].kernel_h, cn[i].kernel_w = n["kernel"]
                     keep.append(sc)
                     fview = sc
                     cn[i].affine_scale = &fview[0]

@@ -234,6 +234,7 @@ cdef extern from "qpack/qpack.h" nogil:
         QPACK_NODE_ATTENTION
         QPACK_NODE_CONSTANT
         QPACK_NODE_PAD
+        QPACK_NODE_PERMUTE_ROWS
 
     ctypedef enum qpack_activation:
         QPACK_ACT_NONE

@@ -524,6 +524,11 @@ class _Lowering:
             t = _attr_tensor(self.gm, table)
             self.emit_checked(node, "constant", [like], table=t.detach()[0].float().numpy().copy())
             return
+        if node.op == "call_function" and node.target is permute_rows:
+            x, rows, shape = node.args
+            self.emit_checked(node, "permute_rows", [x], rows=_attr_tensor(self.gm, rows).numpy().astype(np.float32),
+                              kernel=(shape[1], 0) if len(shape) == 3 else (shape[2], shape[3]))
+            return
         if node.op == "call_function" and node.target is channel_range:
             x, first, count = node.args
             self.emit_checked(node, "channel_range", [x], kernel=(first, count))
@@ -582,7 +587,8 @@ class _Lowering:
 
     # ops that keep their input's torch.ao qparams (what PyTorch's quantized kernels do)
     _KEEPS_QPARAMS = ("activation", "maxpool2d", "avgpool2d", "global_avgpool", "flatten", "channels", "channel_range",
-                      "adaptive_avgpool2d", "resize_nearest", "resize_bilinear", "transpose", "depth_to_space", "pad")
+                      "adaptive_avgpool2d", "resize_nearest", "resize_bilinear", "transpose", "depth_to_space", "pad",
+                      "permute_rows")
 
     def constant(self, a):
         """A number, or the one-element tensor a get_attr node names (convert_fx keeps
@@ -1111,6 +1117,82 @@ def _batch_constant(node, gm, shapes):
                 and all(d > 1 for d in t.shape[1:]) and not _last_dim_constant(t)):  # (those: an affine node)
             return x, k, True
     return None
+
+
+def permute_rows(x, rows, shape):
+    """x's rows of C values (a rank-4 value's NHWC pixels, a rank-3 value's rows) in the
+    order ``rows`` gives, block by block (row b R + i is x's row b R + rows[i], R =
+    len(rows)), as a value of ``shape``: rank 3 [N, L, C], or rank 4 [N, C, H, W] with
+    those rows as its pixels (the core's permute_rows node). What a chain of reshapes
+    and transposes computes that moves whole rows (MobileViT's unfold of an image into
+    patches and its fold back: _row_permutation)."""
+    c = x.shape[1] if x.dim() == 4 else x.shape[-1]
+    y = (x.permute(0, 2, 3, 1) if x.dim() == 4 else x).reshape(-1, rows.numel(), c)[:, rows]
+    if len(shape) == 4:
+        return y.reshape(shape[0], shape[2], shape[3], shape[1]).permute(0, 3, 1, 2)
+    return y.reshape(shape)
+
+
+def _view_step(node):
+    """A function doing what a reshape / view / flatten / transpose / permute / contiguous
+    node does to its first argument (the reshapes to the node's traced shape), else None."""
+    if not node.args or not isinstance(node.args[0], torch.fx.Node) or node.kwargs:
+        return None
+    method = node.target if node.op == "call_method" else {
+        torch.reshape: "reshape", torch.flatten: "flatten", torch.transpose: "transpose",
+        torch.permute: "permute"}.get(node.target) if node.op == "call_function" else None
+    shape = node.meta.get("qpack_shape")
+    if method in ("reshape", "view", "flatten") and shape is not None:
+        return lambda t: t.reshape(shape)
+    if method == "transpose" and len(node.args) == 3 and all(isinstance(d, int) for d in node.args[1:]):
+        return lambda t: t.transpose(*node.args[1:])
+    if method == "permute" and _permute_dims(node) is not None:
+        return lambda t: t.permute(_permute_dims(node))
+    if method == "contiguous" and len(node.args) == 1:
+        return lambda t: t
+    return None
+
+
+def _row_permutation(node):
+    """(x, rows, shape, chain) when node ends a chain of reshapes and transposes (each
+    value in it read by the next step alone) from a value x of rank 3 or 4 to one of
+    rank 3 or 4 that moves whole rows of C values: x's rows (NHWC pixels, or rows of
+    its last dim) reordered, the same C (permute_rows); rows the order in blocks of
+    one sample of x or of the result where every block moves alike, else of the whole
+    value. Found by
+    running the chain on x's element indices, so only in a trace specialized to
+    example shapes (each value's qpack_shape); else None."""
+    shape = node.meta.get("qpack_shape")
+    if _view_step(node) is None or shape is None or len(shape) not in (3, 4):
+        return None
+    if len(node.users) == 1 and _view_step(next(iter(node.users))) is not None:
+        return None  # not the chain's last step
+    chain = [node]
+    while _view_step(chain[-1].args[0]) is not None and len(chain[-1].args[0].users) == 1:
+        chain.append(chain[-1].args[0])
+    chain.reverse()
+    x = chain[0].args[0]
+    xs = x.meta.get("qpack_shape")
+    if xs is None or len(xs) not in (3, 4) or rank_of(x) != len(xs) or \
+            any(n.meta.get("qpack_shape") is None for n in chain):
+        return None
+    c = xs[1] if len(xs) == 4 else xs[2]
+    if c != (shape[1] if len(shape) == 4 else shape[2]) or c < 1 or math.prod(xs) == 0:
+        return None
+    idx = torch.arange(math.prod(xs))  # each element's offset in x's rows
+    t = idx.reshape(xs[0], xs[2], xs[3], c).permute(0, 3, 1, 2) if len(xs) == 4 else idx.reshape(xs)
+    for step in chain:
+        t = _view_step(step)(t)
+    src = (t.permute(0, 2, 3, 1) if t.dim() == 4 else t).reshape(-1, c)
+    if not torch.equal(src, src[:, :1] + torch.arange(c)) or bool((src[:, 0] % c).any()):
+        return None  # not whole rows
+    rows = src[:, 0] // c
+    total = rows.numel()
+    for per in sorted({total // xs[0], total // shape[0]}):  # a sample of x, of the result
+        blocks = rows.reshape(-1, per) - torch.arange(0, total, per)[:, None]
+        if bool((blocks == blocks[:1]).all()):
+            return x, blocks[0], tuple(shape), chain
+    return x, rows, tuple(shape), chain
 
 
 def heads_attention(q, k, v, heads, head_dim, value_dim, offsets, scale, causal=False, mask=None, strides=None):
@@ -1909,6 +1991,8 @@ def _rank(node, modules):
         return r if isinstance(m, _SAME_RANK_MODULES) else None
     if node.op == "call_function" and node.target is batch_constant:
         return rank_of(node.args[1])  # its table's
+    if node.op == "call_function" and node.target is permute_rows:
+        return len(node.args[2])
     if node.op == "call_function" and node.target is torch.cat:
         return next((rank_of(t) for t in first if rank_of(t) is not None), None) if isinstance(
             first, (tuple, list)) else None
@@ -2644,6 +2728,8 @@ def canonicalize(gm):
     - a constant [1, ...] expanded over a value's batch, or added to a value of its shape
       (ViT's class token and position embedding) -> batch_constant(); x[:, k] of rows
       [N, L, C] -> channel_range(x, k, 1) flattened;
+    - reshapes and transposes that move whole rows of a value traced on example shapes
+      (MobileViT's unfold of an image into patches and its fold back) -> permute_rows();
     - F.scaled_dot_product_attention, and softmax((q @ kt) * c [+ bias]) @ v
       spelled out (a causal mask filled in too) -> qpack.torch.attention's (the
       core's kernel where it applies, PyTorch's call otherwise); between a split of
@@ -2787,6 +2873,20 @@ def canonicalize(gm):
                 if not a.users and a not in erased:
                     g.erase_node(a)
                     erased.add(a)
+            continue
+        if (moved := _row_permutation(node)) is not None:
+            # reshapes and transposes that move whole rows (MobileViT's unfold into patches and
+            # fold back) -> permute_rows, the rows' order a constant
+            x, rows, shape, chain = moved
+            name = f"_qpack_rows_{len(erased)}_{node.name}"
+            gm.register_buffer(name, rows, persistent=False)
+            with g.inserting_before(node):
+                attr = g.get_attr(name)
+            new = replace(node, permute_rows, (x, attr, shape))
+            new.meta["qpack_rank"] = len(shape)
+            for dead in reversed(chain[:-1]):
+                g.erase_node(dead)
+                erased.add(dead)
             continue
         node.meta["qpack_rank"] = _rank(node, modules)
         shapes.visit(node)
@@ -3089,7 +3189,7 @@ def _constant_attr(node, gm=None):
         if u.target in _QPARAM_READERS:
             return True
         if u.target in (F.batch_norm, F.layer_norm, F.group_norm, layer_norm2d, channel_scale, last_dim_affine,
-                        batch_constant):
+                        batch_constant, permute_rows):
             return not u.args or u.args[0] is not node
         return u.target is heads_attention and len(u.args) > 9 and u.args[9] is node and node not in u.args[:3]
     return node.op == "get_attr" and bool(node.users) and all(
@@ -3206,7 +3306,8 @@ def narrow_bounds(scale, zero_point, qmax):
     return -zero_point * scale, (qmax - zero_point) * scale
 
 
-_RANGE_KEEPING = ("maxpool2d", "flatten", "channels", "channel_range", "resize_nearest", "transpose", "depth_to_space")
+_RANGE_KEEPING = ("maxpool2d", "flatten", "channels", "channel_range", "resize_nearest", "transpose", "depth_to_space",
+                  "permute_rows")
 
 
 def _narrow_values(nodes, values, outputs, qmax):

@@ -49,6 +49,7 @@ qpack::GraphNode make_node(const qpack_graph_node& c, int index) {
   // Nodes that copy floats from affine_scale alone (no shift), and what those are.
   const char* held = c.kind == QPACK_NODE_PRELU      ? "prelu) needs its slopes (1 or the input's channels)"
                      : c.kind == QPACK_NODE_CONSTANT ? "constant) needs its values"
+                     : c.kind == QPACK_NODE_PERMUTE_ROWS ? "permute_rows) needs its permutation"
                      : c.kind == QPACK_NODE_ATTENTION && c.channels != 0
                          ? "attention) needs its mask (or channels = 0: no mask)"
                          : nullptr;

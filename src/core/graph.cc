@@ -67,6 +67,7 @@ const char* kind_name(qpack_node_kind k) {
     case QPACK_NODE_ATTENTION: return "attention";
     case QPACK_NODE_CONSTANT: return "constant";
     case QPACK_NODE_PAD: return "pad";
+    case QPACK_NODE_PERMUTE_ROWS: return "permute_rows";
   }
   return "unknown";
 }
@@ -854,6 +855,7 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
       case QPACK_NODE_RESIZE_NEAREST:
       case QPACK_NODE_TRANSPOSE:
       case QPACK_NODE_DEPTH_TO_SPACE:
+      case QPACK_NODE_PERMUTE_ROWS:
         expect_dtypes(x.dtype, x.dtype);
         check(same_qparams(x, y), QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (", kind,
               ") keeps its input's u8 parameters; give value ", n.out, " those of value ", n.in[0]);
@@ -957,6 +959,26 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
         const Q qy{y.scale, y.zero_point};
         n.lut.resize(n.affine_scale.size());
         for (size_t j = 0; j < n.affine_scale.size(); ++j) n.lut[j] = qy.quant(n.affine_scale[j]);
+      }
+    }
+    if (n.kind == QPACK_NODE_PERMUTE_ROWS) {
+      constexpr int64_t kMax = int64_t(1) << 24;
+      const int64_t R = static_cast<int64_t>(n.affine_scale.size());
+      check(R >= 1 && R <= kMax && n.kernel[0] >= 1 && n.kernel[0] <= kMax && n.kernel[1] >= 0 &&
+                n.kernel[1] <= kMax,
+            QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (permute_rows) needs 1 to 2^24 rows in its permutation "
+            "and output dims (kernel_h, kernel_w) in [1, 2^24] and [0, 2^24], got ", R, ", ", n.kernel[0], ", ",
+            n.kernel[1]);
+      std::vector<char> seen(static_cast<size_t>(R), 0);
+      n.rows.resize(static_cast<size_t>(R));
+      for (int64_t j = 0; j < R; ++j) {
+        const float f = n.affine_scale[static_cast<size_t>(j)];
+        const bool index = f >= 0.0f && f < static_cast<float>(R) && f == std::floor(f);
+        check(index && !seen[static_cast<size_t>(f)], QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
+              " (permute_rows): entry ", j, " (", f, ") is not a row index in [0, ", R,
+              ") that no other entry names: the rows must be a permutation");
+        seen[static_cast<size_t>(f)] = 1;
+        n.rows[static_cast<size_t>(j)] = static_cast<int32_t>(f);
       }
     }
     if (n.kind == QPACK_NODE_LINEAR && n.act != QPACK_ACT_NONE) {
@@ -1110,7 +1132,8 @@ size_t Graph::nbytes_packed() const {
 size_t Graph::nbytes_constants() const {
   size_t total = 0;
   for (const auto& n : nodes_) {
-    total += (n.affine_scale.size() + n.affine_shift.size()) * sizeof(float) + n.lut.size();
+    total += (n.affine_scale.size() + n.affine_shift.size()) * sizeof(float) + n.lut.size() +
+             n.rows.size() * sizeof(int32_t);
   }
   return total;
 }
@@ -1274,6 +1297,29 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
       y.d[1] = n.kernel[0];
       y.d[2] = n.kernel[1];
       return y;
+    case QPACK_NODE_PERMUTE_ROWS: {
+      need_rank(x.rank == 3 || x.rank == 4, "a rank-3 [N, L, C] or rank-4 [N, C, H, W] input");
+      const int64_t C = x.rank == 4 ? x.d[1] : x.d[2];
+      const int64_t T = C > 0 ? x.numel() / C : 0;
+      const int64_t R = static_cast<int64_t>(n.rows.size());
+      const int64_t per = n.kernel[0] * std::max<int64_t>(n.kernel[1], 1);  // rows per output sample
+      check(C > 0 && T % R == 0 && T % per == 0, QPACK_STATUS_INVALID_ARGUMENT, "permute_rows of blocks of ", R,
+            " rows into samples of ", per, " takes rows of at least one value that both divide, got ",
+            shape_str(x));
+      y = Shape{};
+      y.d[0] = T / per;
+      if (n.kernel[1] == 0) {
+        y.rank = 3;
+        y.d[1] = n.kernel[0];
+        y.d[2] = C;
+      } else {
+        y.rank = 4;
+        y.d[1] = C;
+        y.d[2] = n.kernel[0];
+        y.d[3] = n.kernel[1];
+      }
+      return y;
+    }
     case QPACK_NODE_ADAPTIVE_AVGPOOL2D:
       need_rank(x.rank == 4, "a rank-4 [N, C, H, W] input");
       y.d[2] = n.kernel[0];
@@ -2266,6 +2312,20 @@ void Graph::run_node(const GraphNode& n, const GraphPlan& plan, uint8_t* const* 
             std::memcpy(dst + static_cast<size_t>(pl * C) * es, src, static_cast<size_t>(W * C) * es);
           }
           fill(dst + static_cast<size_t>((pl + W) * C) * es, (OW - pl - W) * C);
+        }
+      });
+      return;
+    }
+    case QPACK_NODE_PERMUTE_ROWS: {  // rows of C values (NHWC pixels, row-major rows) copied in table order
+      const size_t es = elem_size(xv.dtype);
+      const int64_t C = xs.rank == 4 ? xs.d[1] : xs.d[2];
+      const int64_t R = static_cast<int64_t>(n.rows.size()), T = count / C;
+      const size_t row = static_cast<size_t>(C) * es;
+      const int32_t* p = n.rows.data();
+      parallel_range(T, std::max<int64_t>(1, kGrain / std::max<int64_t>(C, 1)), [&](int64_t b0, int64_t e0) {
+        for (int64_t r = b0; r < e0; ++r) {
+          const int64_t block = r - r % R;
+          std::memcpy(y + static_cast<size_t>(r) * row, x + static_cast<size_t>(block + p[r % R]) * row, row);
         }
       });
       return;

@@ -24,7 +24,7 @@ namespace qpack {
 
 // The last qpack_node_kind and qpack_activation (graph validation and model
 // files check against these: appending a kind changes them here only).
-constexpr qpack_node_kind kLastNodeKind = QPACK_NODE_PAD;
+constexpr qpack_node_kind kLastNodeKind = QPACK_NODE_PERMUTE_ROWS;
 constexpr qpack_activation kLastActivation = QPACK_ACT_TANH;
 
 struct GraphValue {
@@ -52,8 +52,10 @@ struct GraphNode {
   // affine_scale = the mask ([L][S] or [H][L][S]) or empty; kernel = {H, D}, stride[0] = Dv,
   // pad[0..2] = where q, k and v start in their inputs' rows, stride[1] / pad[3] = from one q / k
   // head to the next and one v head to the next (0: D / Dv), act_min = scale, ceil_mode = causal;
-  // CONSTANT: affine_scale = one sample's values, kernel = {rows, columns or 0}
+  // CONSTANT: affine_scale = one sample's values, kernel = {rows, columns or 0};
+  // PERMUTE_ROWS: affine_scale = the permutation (as given), kernel = the output's {L, 0} or {H, W}
   std::vector<float> affine_scale, affine_shift;
+  std::vector<int32_t> rows;  // PERMUTE_ROWS: affine_scale as indices
   // u8 ACTIVATION: output for each input byte; u8 CONSTANT: the table (affine_scale) quantized
   std::vector<uint8_t> lut;
   std::shared_ptr<const GraphOp> backend_op;  // u8 node on the graph's backend's own operator

@@ -253,14 +253,16 @@ std::shared_ptr<Graph> read_graph(ByteReader& r, const std::vector<ModelOp>& ops
     n.act = static_cast<qpack_activation>(act);
     n.act_min = r.get<float>();
     n.act_max = r.get<float>();
-    // AFFINE, LAYER_NORM: scale then shift; PRELU: the slopes alone; CONSTANT: its values
+    // AFFINE, LAYER_NORM: scale then shift; PRELU: the slopes alone; CONSTANT: its values;
+    // PERMUTE_ROWS: its permutation
     n.affine_scale = r.get_vec<float>(kMaxChannels, "affine channel count");
     const bool shifted = kind == QPACK_NODE_AFFINE || kind == QPACK_NODE_LAYER_NORM;
     const size_t c = shifted ? n.affine_scale.size() : 0;
     r.expect(c <= r.remaining() / sizeof(float), "affine shift");
     n.affine_shift.resize(c);
     if (c > 0) std::memcpy(n.affine_shift.data(), r.take(c * sizeof(float)), c * sizeof(float));
-    const bool held = shifted || kind == QPACK_NODE_PRELU || kind == QPACK_NODE_CONSTANT;
+    const bool held = shifted || kind == QPACK_NODE_PRELU || kind == QPACK_NODE_CONSTANT ||
+                      kind == QPACK_NODE_PERMUTE_ROWS;
     r.expect(kind == QPACK_NODE_ATTENTION || held == !n.affine_scale.empty(), "affine channel count");
   }
   r.expect(r.remaining() == 0, "length");

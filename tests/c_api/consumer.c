@@ -693,6 +693,60 @@ static void test_graph_pad(void) {
          "pad: refuses a negative pad");
 }
 
+/* MobileViT's unfold of a 2x4 image of 3 channels into 2x2 patches: tokens [4, 2, 3], then
+   the fold back to the image (the inverse permutation, 8 rows a block). */
+static void test_graph_permute_rows(void) {
+  enum { C = 3, H = 2, W = 4, R = H * W };
+  float x[C][H][W], tok[4][2][C], back[C][H][W];
+  for (int i = 0; i < C * R; ++i) (&x[0][0][0])[i] = (float)i - 7.5f;
+  float unfold[R], fold[R];
+  for (int py = 0; py < 2; ++py) {
+    for (int px = 0; px < 2; ++px) {
+      for (int n = 0; n < 2; ++n) { /* patch n (along W), its pixel (py, px) */
+        const int out = (py * 2 + px) * 2 + n, src = py * W + n * 2 + px;
+        unfold[out] = (float)src;
+        fold[src] = (float)out;
+      }
+    }
+  }
+  qpack_graph_value values[3] = {{QPACK_DTYPE_F32, 0, 0}, {QPACK_DTYPE_F32, 0, 0}, {QPACK_DTYPE_F32, 0, 0}};
+  qpack_graph_node nodes[2];
+  memset(nodes, 0, sizeof(nodes));
+  nodes[0].kind = QPACK_NODE_PERMUTE_ROWS; /* value 1: tokens [4, 2, C] */
+  nodes[0].num_inputs = 1;
+  nodes[0].output = 1;
+  nodes[0].kernel_h = 2;
+  nodes[0].affine_scale = unfold;
+  nodes[0].channels = R;
+  nodes[1] = nodes[0]; /* value 2: the image again */
+  nodes[1].inputs[0] = 1;
+  nodes[1].output = 2;
+  nodes[1].kernel_h = H;
+  nodes[1].kernel_w = W;
+  nodes[1].affine_scale = fold;
+  int32_t in_v = 0, outs[2] = {1, 2};
+  qpack_graph_params gp = {3, values, 2, nodes, 1, &in_v, 2, outs};
+  qpack_graph* g = NULL;
+  EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_SUCCESS && g != NULL, "permute_rows: create");
+  qpack_tensor ti = {QPACK_DTYPE_F32, 4, {1, C, H, W}, QPACK_LAYOUT_NCHW, x};
+  qpack_tensor to[2] = {{QPACK_DTYPE_F32, 3, {4, 2, C}, QPACK_LAYOUT_NCHW, tok},
+                        {QPACK_DTYPE_F32, 4, {1, C, H, W}, QPACK_LAYOUT_NCHW, back}};
+  EXPECT(qpack_graph_run(g, 1, &ti, 2, to) == QPACK_STATUS_SUCCESS, "permute_rows: run");
+  int same = 1;
+  for (int t = 0; t < R; ++t) {
+    const int src = (int)unfold[t];
+    for (int c = 0; c < C; ++c) same &= (&tok[0][0][0])[t * C + c] == x[c][src / W][src % W];
+  }
+  EXPECT(same, "permute_rows: the patches' pixels as tokens");
+  EXPECT(memcmp(x, back, sizeof(x)) == 0, "permute_rows: folded back to the image");
+  qpack_graph_destroy(g);
+  unfold[3] = unfold[2];
+  g = NULL;
+  EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_INVALID_ARGUMENT && g == NULL &&
+             strstr(qpack_last_error(), "permutation") != NULL,
+         "permute_rows: refuses a row named twice");
+}
+
 int main(void) {
   char buf[256];
   for (int i = 0; i < qpack_backend_count(); ++i) {
@@ -723,6 +777,7 @@ int main(void) {
   test_graph_attention();
   test_graph_constant();
   test_graph_pad();
+  test_graph_permute_rows();
   printf("c_api: %d passed, %d failed\n", passes, failures);
   return failures == 0 ? 0 : 1;
 }

@@ -313,6 +313,11 @@ def per_edge_reference(f, x):
                                                heads(v, at[2], dv, step[1]), attn_mask=mask,
                                                is_causal=n.get("causal", False), scale=n["scale"])
             r = r.transpose(1, 2).flatten(2)
+        elif k == "permute_rows":  # rows of C values in the permutation's order, block by block
+            c = a.shape[1] if a.dim() == 4 else a.shape[-1]
+            rows, (kh, kw) = a.numel() // c, n["kernel"]
+            shape = (rows // kh, kh, c) if kw == 0 else (rows // (kh * kw), c, kh, kw)
+            r = G.permute_rows(a, torch.as_tensor(n["rows"]).long(), shape)
         elif k == "constant":  # the table over the input's batch
             t = torch.as_tensor(n["table"])
             r = t.expand((a.shape[0],) + tuple(t.shape))

@@ -487,7 +487,7 @@ def test_unsupported_interpolations_stay_in_pytorch():
 
 def test_build_info_lists_the_new_node_kinds():
     nodes = qpack.build_info()["graph_nodes"]
-    for k in ("prelu", "resize_nearest", "resize_bilinear", "constant", "pad"):
+    for k in ("prelu", "resize_nearest", "resize_bilinear", "constant", "pad", "permute_rows"):
         assert k in nodes
 
 
@@ -891,3 +891,134 @@ def test_max_pools_of_stride_one_along_w_match_pytorch(channels, kernel, stride,
     got = torch.from_numpy(g.run([t.numpy()], ["nchw"], "nchw")[0])
     assert torch.equal(got, F.max_pool2d(t, kernel, stride, padding, ceil_mode=ceil))
     check_int8(model, x, BACKENDS[0])
+
+
+# ---- rows moved whole: MobileViT's unfold into patches and fold back (permute_rows) ------------
+
+class PatchMixer(nn.Module):
+    """MobileViT's block in small, in timm's spelling: a convolution, the image unfolded into
+    patches ([B, C, H, W] -> [B * p * p, H W / p^2, C], after its `if new_h != H`, which makes
+    the trace specialize to example shapes), a LayerNorm and a Linear over the rows, folded back
+    to the image, a convolution."""
+
+    def __init__(self, c=8, p=2):
+        super().__init__()
+        self.p = p
+        self.conv1 = nn.Conv2d(3, c, 3, padding=1)
+        self.norm = nn.LayerNorm(c)
+        self.mlp = nn.Linear(c, c)
+        self.conv2 = nn.Conv2d(c, 4, 1)
+
+    def forward(self, x):
+        x = self.conv1(x)
+        ph = pw = self.p
+        B, C, H, W = x.shape
+        new_h, new_w = math.ceil(H / ph) * ph, math.ceil(W / pw) * pw
+        nh, nw = new_h // ph, new_w // pw
+        n, area = nh * nw, ph * pw
+        if new_h != H or new_w != W:
+            x = F.interpolate(x, size=(new_h, new_w), mode="bilinear", align_corners=False)
+        x = x.reshape(B * C * nh, ph, nw, pw).transpose(1, 2)
+        x = x.reshape(B, C, n, area).transpose(1, 3).reshape(B * area, n, -1)
+        x = x + self.mlp(self.norm(x))
+        x = x.contiguous().view(B, area, n, -1)
+        x = x.transpose(1, 3).reshape(B * C * nh, nw, ph, pw)
+        x = x.transpose(1, 2).reshape(B, C, nh * ph, nw * pw)
+        return self.conv2(x)
+
+
+@pytest.mark.parametrize("batch,hw", [(1, (8, 8)), (2, (6, 10))])
+def test_unfolding_into_patches_and_back_is_one_graph(batch, hw):
+    """The unfold and the fold are a permute_rows node each, in one graph with the layers,
+    eager's values; the order is one sample's (H W rows) at batch 2 too; int8 on both backends
+    within the per-edge reference."""
+    torch.manual_seed(18)
+    model = PatchMixer().eval()
+    x = torch.randn(batch, 3, *hw)
+    f = qpack.freeze(model, example_inputs=x, progress=False)
+    assert plan(f) == "graph", qpack.graph_report(f)
+    moves = [n for n in G.runner_of(f)._spec["nodes"] if n["kind"] == "permute_rows"]
+    assert len(moves) == 2
+    assert [len(n["rows"]) for n in moves] == [hw[0] * hw[1]] * 2
+    assert moves[0]["kernel"] == (hw[0] * hw[1] // 4, 0) and moves[1]["kernel"] == hw
+    assert "permute_rows" in qpack.graph_report(f)
+    with torch.no_grad():
+        ref = model(x)
+        assert rel_err(f(x), ref) < 1e-5
+        assert rel_err(f(x.contiguous(memory_format=torch.channels_last)), ref) < 1e-5
+    for backend in BACKENDS:
+        f8 = check_int8(model, x, backend)
+        assert kinds(f8).count("permute_rows") == 2
+
+
+def test_moves_inside_rows_stay_in_pytorch():
+    """A reshape and transpose that move values within the rows (channels interleaved) is no
+    row permutation: PyTorch runs it between graphs, with eager's values."""
+    class Interleave(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(3, 8, 1), nn.Conv2d(8, 4, 1)
+
+        def forward(self, x):
+            y = self.c1(x)
+            B, C, H, W = y.shape
+            if H % 2:
+                y = y[:, :, :-1]
+            t = y.permute(0, 2, 3, 1).reshape(B, -1, 2, C // 2).transpose(2, 3).reshape(B, -1, C)
+            return self.c2(t.transpose(1, 2).reshape(B, C, y.shape[2], W))
+    torch.manual_seed(19)
+    model = Interleave().eval()
+    x = torch.randn(1, 3, 6, 5)
+    f = qpack.freeze(model, example_inputs=x, progress=False)
+    assert "permute_rows" not in [n["kind"] for s in G.runner_of(f)._segments for n in s.spec["nodes"]]
+    with torch.no_grad():
+        assert rel_err(f(x), model(x)) < 1e-5
+
+
+def test_the_permute_rows_node_f32_and_u8():
+    """Through GraphHandle: each block of R rows reordered (a copy of whole rows of C values,
+    u8 bytes as they are), to tokens or to an image; a table that is no permutation, or rows
+    the blocks do not divide, give clear errors and leave the graph usable."""
+    x = torch.randn(2, 3, 2, 4)  # 8 pixels a sample, rows of 3 channels
+    perm = torch.tensor([7, 0, 5, 2, 3, 4, 1, 6])
+    rows = x.permute(0, 2, 3, 1).reshape(2, 8, 3)
+    g = _core.GraphHandle(F32, [dict(kind="permute_rows", inputs=[0], output=1, rows=perm.numpy(), kernel=(4, 0))],
+                          [0], [1])
+    got = torch.from_numpy(g.run([x.numpy()], ["nchw"])[0])
+    assert torch.equal(got, rows[:, perm].reshape(4, 4, 3))
+    img = _core.GraphHandle([("u8", 0.5, 3), ("u8", 0.5, 3)],
+                            [dict(kind="permute_rows", inputs=[0], output=1, rows=perm.numpy(), kernel=(4, 2))],
+                            [0], [1])
+    xq = np.arange(2 * 8 * 3, dtype=np.uint8).reshape(2, 8, 3)  # tokens [N, L, C]
+    got = img.run([xq], ["nchw"], "nhwc")[0]
+    np.testing.assert_array_equal(got, xq[:, perm.numpy()].reshape(2, 4, 2, 3))
+    assert img.info()["nbytes_constants"] >= 8 * 4
+    for table, what in [([0, 0, 1], "permutation"), ([0, 1.5], "permutation"), ([0, 2], "permutation"),
+                        ([], "not empty")]:
+        with pytest.raises(qpack.InvalidArgumentError, match=what):
+            _core.GraphHandle(F32, [dict(kind="permute_rows", inputs=[0], output=1, rows=np.array(table, np.float32),
+                                         kernel=(1, 0))], [0], [1])
+    with pytest.raises(qpack.InvalidArgumentError, match="permute_rows"):
+        g.run([np.ones((1, 3, 2, 3), np.float32)], ["nchw"])  # 6 rows: no block of 8
+    with pytest.raises(qpack.InvalidArgumentError, match="rank-3"):
+        g.run([np.ones((8, 3), np.float32)], ["nchw"])
+    assert torch.equal(torch.from_numpy(g.run([x.numpy()], ["nchw"])[0]), rows[:, perm].reshape(4, 4, 3))
+
+
+def test_saved_patch_mixer_reloads(tmp_path):
+    """A graph with permute_rows nodes saved and loaded: the same outputs; the file reader and
+    the C loader know the kind."""
+    torch.manual_seed(20)
+    model = PatchMixer().eval()
+    x = torch.randn(1, 3, 8, 8)
+    f = qpack.freeze(model, example_inputs=x, progress=False)
+    path = tmp_path / "m.qpk"
+    qpack.save(f, str(path))
+    g = qpack.load(str(path))
+    with torch.no_grad():
+        assert torch.equal(g(x), f(x))
+    from qpack import _file
+    desc = _file.describe(str(path))
+    assert not desc["problems"], desc["problems"]
+    assert [n["kind"] for gr in desc["graphs"] for n in gr["nodes"]].count("permute_rows") == 2
+    assert _core.ModelHandle(str(path)).info["num_graphs"] == 1

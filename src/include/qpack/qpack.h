@@ -526,6 +526,15 @@ typedef enum qpack_node_kind {
                                     act_min (finite); u8: the border act_min quantized to the
                                     output's qparams, the image requantized to them where they
                                     differ from the input's; pads in [0, 2^20] */
+  QPACK_NODE_PERMUTE_ROWS = 25,  /* the input's rows of C values (a rank-4 [N, C, H, W] value's
+                                    pixels, a rank-3 [N, L, C] value's rows: T = numel / C rows)
+                                    reordered in blocks of R: row b R + i of y is row b R + p[i]
+                                    of x, p the `channels` = R floats at affine_scale (a
+                                    permutation of 0 .. R - 1, copied; R divides T). y is
+                                    [T / kernel_h, kernel_h, C] with kernel_w = 0, else the
+                                    image [T / (kernel_h kernel_w), C, kernel_h, kernel_w] (rows
+                                    as its NHWC pixels): MobileViT's unfold of an image into
+                                    patches and its fold back; u8 qparams kept */
 } qpack_node_kind;
 
 typedef enum qpack_activation {
