@@ -76,3 +76,123 @@ def _rows(t):
     cheaper than PyTorch's math kernel that would run instead."""
     t = t.detach()
     return (t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()).numpy()
+
+
+# ---- torchvision's Swin: shifted window attention on one core graph ----------------------
+
+def _window_order(H, W, window, shift):
+    """The rows of an image [H, W] (row-major pixels) in the order torchvision's
+    shifted_window_attention takes them: rolled by -shift, then window by window,
+    each window's pixels row-major (window_partition)."""
+    idx = torch.arange(H * W).reshape(1, H, W, 1)
+    if shift[0] or shift[1]:
+        idx = torch.roll(idx, shifts=(-shift[0], -shift[1]), dims=(1, 2))
+    idx = idx.view(1, H // window[0], window[0], W // window[1], window[1], 1)
+    return idx.permute(0, 1, 3, 2, 4, 5).reshape(-1)
+
+
+def _shift_mask(H, W, window, shift):
+    """[windows, N, N] of torchvision's shifted windows: -100 between pixels that came
+    from different regions of the image before the roll, 0 within one."""
+    region = torch.zeros((H, W))
+    count = 0
+    for h in ((0, -window[0]), (-window[0], -shift[0]), (-shift[0], None)):
+        for w in ((0, -window[1]), (-window[1], -shift[1]), (-shift[1], None)):
+            region[h[0]:h[1], w[0]:w[1]] = count
+            count += 1
+    region = region.view(H // window[0], window[0], W // window[1], window[1]).permute(0, 2, 1, 3)
+    region = region.reshape(-1, window[0] * window[1])
+    diff = region.unsqueeze(1) - region.unsqueeze(2)
+    return diff.masked_fill(diff != 0, -100.0)
+
+
+class WindowGraph:
+    """One core graph for a Swin block's window attention at one input shape: its rows
+    in window order (permute_rows), the qkv linear, the attention of each window
+    (the relative position bias and, shifted, the windows' masks: one mask per window
+    position), the proj linear, the rows back in image order. Held by the qkv layer
+    (not pickled, dropped when its packed op is closed: it shares the op), rebuilt
+    for another shape or when either layer is re-packed."""
+
+    def __init__(self):
+        self.key = None
+        self.handle = None
+
+    def drop(self):
+        if self.handle is not None:
+            self.handle.close()
+        self.key = self.handle = None
+
+    def run(self, x, qkv, proj, bias, window, heads, shift, qkv_bias, proj_bias):
+        B, H, W, C = x.shape
+        key = (H, W, C, tuple(window), tuple(shift), heads, qkv._packed, proj._packed, bias.data_ptr(),
+               None if qkv_bias is None else qkv_bias.data_ptr(), None if proj_bias is None else proj_bias.data_ptr())
+        if key != self.key:
+            self.drop()
+            order = _window_order(H, W, window, shift)
+            N = window[0] * window[1]
+            mask = bias.reshape(heads, N, N).float()
+            if shift[0] or shift[1]:
+                mask = mask.unsqueeze(0) + _shift_mask(H, W, window, shift).unsqueeze(1)
+            f32 = ("f32", 0.0, 0)
+            nodes = [dict(kind="permute_rows", inputs=[0], output=1, rows=order.numpy().astype("float32"),
+                          kernel=(N, 0)),
+                     dict(kind="linear", op=qkv._packed._h, inputs=[1], output=2),
+                     dict(kind="attention", inputs=[2, 2, 2], output=3, heads=heads, head_dim=C // heads,
+                          offsets=(0, C, 2 * C), scale=(C // heads) ** -0.5,
+                          mask=mask.contiguous().numpy()),
+                     dict(kind="linear", op=proj._packed._h, inputs=[3], output=4),
+                     dict(kind="permute_rows", inputs=[4], output=5,
+                          rows=torch.argsort(order).numpy().astype("float32"), kernel=(H * W, 0))]
+            self.handle = _core.GraphHandle([f32] * 6, nodes, [0], [5])
+            self.key = key
+        out = self.handle.run([x.detach().reshape(B, H * W, C).numpy()], ["nchw"])[0]
+        return torch.from_numpy(out).reshape(B, H, W, C)
+
+
+def _packed_linear(w, b, out_features):
+    """The frozen Linear whose PackedWeight w is, when its packed op runs float in and
+    out with no activation and b is its own bias (or both None), else None."""
+    from qpack.torch.modules import FrozenLinear, PackedWeight
+    layer = getattr(w, "_layer", None) if isinstance(w, PackedWeight) else None
+    if not isinstance(layer, FrozenLinear) or layer._spec["mode"] == "int8_static" or \
+            layer._spec.get("activation") is not None or layer.out_features != out_features:
+        return None
+    own = layer.bias
+    if (b is None) != (own is None) or (b is not None and b is not own and not torch.equal(b, own)):
+        return None
+    return layer
+
+
+def shifted_window_attention(input, qkv_weight, proj_weight, relative_position_bias, window_size, num_heads,
+                             shift_size, attention_dropout=0.0, dropout=0.0, qkv_bias=None, proj_bias=None,
+                             logit_scale=None, training=True, *, fallback=None):
+    """torchvision's Swin window attention (``torchvision.models.swin_transformer.
+    shifted_window_attention``, its arguments) on one core graph (WindowGraph) where
+    it applies: eval, no cosine attention (Swin V2's logit_scale), float32 [B, H, W, C]
+    whose H and W the windows divide, qkv and proj frozen float-in-and-out linears;
+    ``fallback`` (torchvision's function, by default) otherwise."""
+    B, H, W, C = input.shape if input.dim() == 4 else (0, 0, 0, 0)
+    window, shift = list(window_size), list(shift_size)
+    if window[0] >= H:
+        shift[0] = 0
+    if window[1] >= W:
+        shift[1] = 0
+    qkv = proj = None
+    if (not training and logit_scale is None and input.dtype == torch.float32 and input.device.type == "cpu"
+            and H > 0 and W > 0 and C % num_heads == 0 and H % window[0] == 0 and W % window[1] == 0
+            and not (input.requires_grad and torch.is_grad_enabled())
+            and torch.is_tensor(relative_position_bias)
+            and relative_position_bias.numel() == num_heads * (window[0] * window[1]) ** 2):
+        qkv = _packed_linear(qkv_weight, qkv_bias, 3 * C)
+        proj = _packed_linear(proj_weight, proj_bias, C)
+    if qkv is None or proj is None or B == 0:
+        if fallback is None:
+            from torchvision.models.swin_transformer import shifted_window_attention as fallback
+        return fallback(input, qkv_weight, proj_weight, relative_position_bias, window_size, num_heads, shift_size,
+                        attention_dropout, dropout, qkv_bias, proj_bias, logit_scale, training)
+    graph = qkv.__dict__.get("_window_graph")
+    if graph is None:
+        graph = qkv.__dict__["_window_graph"] = WindowGraph()
+    return graph.run(input.contiguous(), qkv, proj, relative_position_bias, window, num_heads, shift, qkv_bias,
+                     proj_bias)

@@ -2694,6 +2694,15 @@ _MHA_ARGS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_
              "is_causal")
 
 
+def _torchvision_swin(node):
+    """"attention" for a call of torchvision's Swin window attention, "bias" for one of its
+    relative position bias, else None."""
+    if node.op != "call_function" or getattr(node.target, "__module__", "") != "torchvision.models.swin_transformer":
+        return None
+    return {"shifted_window_attention": "attention", "_get_relative_position_bias": "bias"}.get(
+        getattr(node.target, "__name__", ""))
+
+
 def _self_attention_call(node, modules):
     """(x, module) when node calls a frozen nn.MultiheadAttention (batch_first) on one
     value for query, key and value without masks, only its output read; else None."""
@@ -2777,6 +2786,27 @@ def canonicalize(gm):
 
     for node in list(g.nodes):
         if node in erased:
+            continue
+        if (tv := _torchvision_swin(node)) == "attention":
+            # torchvision's Swin window attention (fx-wrapped): qpack's, one core graph a call
+            node.target = _attention.shifted_window_attention
+        elif tv == "bias" and all(a.op == "get_attr" for a in node.all_input_nodes):
+            # its relative position bias, gathered from a table at every call: a constant
+            args = torch.fx.node.map_arg(node.args, lambda a: _attr_tensor(gm, a))
+            with torch.no_grad():
+                t = node.target(*args).contiguous()
+            name = f"_qpack_constant_{len(erased)}_{node.name}"
+            gm.register_buffer(name, t, persistent=False)
+            with g.inserting_before(node):
+                new = g.get_attr(name)
+            node.replace_all_uses_with(new)
+            reads = node.all_input_nodes
+            g.erase_node(node)
+            erased.add(node)
+            for a in reads:
+                if not a.users:
+                    g.erase_node(a)
+                    erased.add(a)
             continue
         if (sa := _self_attention_call(node, modules)) is not None:
             # a frozen nn.MultiheadAttention on one value: its projections and the core's

@@ -105,6 +105,10 @@ class _Frozen(nn.Module):
 
     # ---- running -----------------------------------------------------------------
 
+    # made while running, never saved: the one-node graph (graph.LayerGraph), a Swin block's window
+    # attention over this qkv layer (attention.WindowGraph), the unpacked bias
+    _TRANSIENT = ("_layer_graph", "_window_graph", "_bias_tensor")
+
     def forward(self, x):
         # one core call where a one-node graph takes x (graph.LayerGraph), else torch around the packed op
         graph = self.__dict__.get("_layer_graph")
@@ -268,8 +272,8 @@ class _Frozen(nn.Module):
     def __getstate__(self):
         state = self.__dict__.copy()
         state.pop("_packed", None)
-        state.pop("_layer_graph", None)
-        state.pop("_bias_tensor", None)
+        for k in self._TRANSIENT:
+            state.pop(k, None)
         state["_qpack_state"] = self._export()
         state["_qpack_retain"] = bool(self._packed.has_original)
         return state
@@ -289,8 +293,8 @@ class _Frozen(nn.Module):
         # qpack.save: the packed op itself (a persistent id in the file), not
         # the unpacked weights __getstate__ gives pickle and torch.save.
         state = self.__dict__.copy()
-        state.pop("_layer_graph", None)
-        state.pop("_bias_tensor", None)
+        for k in self._TRANSIENT:
+            state.pop(k, None)
         return (_restore_frozen, (self.__class__, state))
 
     def __deepcopy__(self, memo):
@@ -302,9 +306,10 @@ class _Frozen(nn.Module):
 
     def close(self):
         """Free the packed memory now; later calls raise qpack.ClosedError."""
-        graph = self.__dict__.pop("_layer_graph", None)
-        if graph is not None:
-            graph.drop()
+        for k in ("_layer_graph", "_window_graph"):
+            graph = self.__dict__.pop(k, None)
+            if graph is not None:
+                graph.drop()
         self._packed.close()
 
     def extra_repr(self):

@@ -32,7 +32,9 @@ struct Head {
 Head head(const AttentionF32& a, int64_t b, int64_t h) {
   return Head{a.q + b * a.q_stride[0] + h * a.q_stride[1], a.k + b * a.k_stride[0] + h * a.k_stride[1],
               a.v + b * a.v_stride[0] + h * a.v_stride[1], a.out + b * a.out_stride[0] + h * a.out_stride[1],
-              a.mask != nullptr ? a.mask + b * a.mask_stride[0] + h * a.mask_stride[1] : nullptr,
+              a.mask != nullptr
+                  ? a.mask + (a.mask_groups > 0 ? b % a.mask_groups : b) * a.mask_stride[0] + h * a.mask_stride[1]
+                  : nullptr,
               a.q_stride[2], a.k_stride[2], a.v_stride[2], a.out_stride[2], a.mask_stride[2]};
 }
 
@@ -268,6 +270,8 @@ void attention_f32(const AttentionF32& a) {
   check(a.S > 0 || a.L == 0, QPACK_STATUS_INVALID_ARGUMENT, "attention over no keys (S = 0) of ", a.L,
         " queries");
   check(std::isfinite(a.scale), QPACK_STATUS_INVALID_ARGUMENT, "attention scale must be finite, got ", a.scale);
+  check(a.mask_groups >= 0, QPACK_STATUS_INVALID_ARGUMENT, "attention mask groups must be >= 0, got ",
+        a.mask_groups);
   if (a.B == 0 || a.H == 0 || a.L == 0) return;
   const int threads = num_threads();
   const int64_t heads = a.B * a.H;

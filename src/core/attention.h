@@ -26,6 +26,11 @@ struct AttentionF32 {
   // is the same for every batch or head); each row's S floats contiguous.
   const float* mask = nullptr;
   int64_t mask_stride[3] = {0, 0, 0};
+  // With mask_groups > 0, batch b reads the mask of b % mask_groups (at that
+  // times mask_stride[0]): masks that repeat over the batch in groups (Swin's
+  // shifted windows, one mask per window position, the batch the windows of
+  // several images); 0: batch b's at b times mask_stride[0].
+  int64_t mask_groups = 0;
 };
 
 // Checks the arguments (qpack::Error on bad ones) and runs on num_threads().

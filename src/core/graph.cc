@@ -1375,9 +1375,11 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
       check(x.d[1] == 0 || k.d[1] > 0, QPACK_STATUS_INVALID_ARGUMENT, "attention of ", x.d[1],
             " queries over no keys: ", shape_str(k));
       const int64_t LS = x.d[1] * k.d[1], masks = static_cast<int64_t>(n.affine_scale.size());
-      check(masks == 0 || masks == LS || masks == H * LS, QPACK_STATUS_INVALID_ARGUMENT,
-            "attention's mask holds ", masks, " values, not L x S = ", LS, " (or H x L x S) for q ",
-            shape_str(x), " and k ", shape_str(k));
+      const int64_t groups = LS > 0 && masks > LS ? masks / (H * LS) : 1;  // masks per head over the batch
+      check(masks == 0 || masks == LS || (masks == groups * H * LS && x.d[0] % groups == 0),
+            QPACK_STATUS_INVALID_ARGUMENT, "attention's mask holds ", masks, " values, not L x S = ", LS,
+            " (or H x L x S, or G x H x L x S for a batch of G's multiples) for q ", shape_str(x), " and k ",
+            shape_str(k));
       y.d[2] = H * Dv;
       return y;
     }
@@ -2005,10 +2007,15 @@ void Graph::run_attention(const GraphNode& n, const GraphPlan& plan, uint8_t* co
   std::copy(o_strides, o_strides + 3, a.out_stride);
   a.scale = n.act_min;
   a.causal = n.ceil_mode;
-  if (!n.affine_scale.empty()) {  // [L][S] for every head, or [H][L][S]
+  if (!n.affine_scale.empty()) {  // [L][S] for every head, [H][L][S], or [G][H][L][S] by batch % G
+    const int64_t masks = static_cast<int64_t>(n.affine_scale.size()), LS = a.L * a.S;
     a.mask = n.affine_scale.data();
-    a.mask_stride[1] = static_cast<int64_t>(n.affine_scale.size()) == a.L * a.S ? 0 : a.L * a.S;
+    a.mask_stride[1] = masks == LS ? 0 : LS;
     a.mask_stride[2] = a.S;
+    if (masks > a.H * LS) {
+      a.mask_groups = masks / (a.H * LS);
+      a.mask_stride[0] = a.H * LS;
+    }
   }
   attention_f32(a);
   if (u8) quantize_u8_array(out, ys.numel(), QParams{yv.scale, yv.zero_point}, ptrs[n.out]);

@@ -578,6 +578,34 @@ static void test_graph_attention(void) {
              strstr(qpack_last_error(), "attention") != NULL, "attention node: a value without room for v");
   EXPECT(qpack_graph_run(g, 1, &ti, 1, &to) == QPACK_STATUS_SUCCESS, "attention node: usable after");
   qpack_graph_destroy(g);
+  /* a mask per group of samples ([G][H][L][S], sample n reads group n % G: Swin's windows):
+     each sample's output equals a run of that sample alone with its group's [H][L][S] mask */
+  static float masks[N][H][L][L];
+  for (int i = 0; i < N * H * L * L; ++i) (&masks[0][0][0][0])[i] = (float)((i * 7) % 5) - 2.0f;
+  node.affine_scale = &masks[0][0][0][0];
+  node.channels = N * H * L * L;
+  g = NULL;
+  EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_SUCCESS, "attention node: grouped masks");
+  EXPECT(qpack_graph_run(g, 1, &ti, 1, &to) == QPACK_STATUS_SUCCESS, "attention node: grouped masks run");
+  qpack_tensor odd = {QPACK_DTYPE_F32, 3, {1, L, C}, QPACK_LAYOUT_NCHW, x};
+  EXPECT(qpack_graph_run(g, 1, &odd, 1, &to) == QPACK_STATUS_INVALID_ARGUMENT &&
+             strstr(qpack_last_error(), "mask") != NULL, "attention node: a batch the groups do not divide");
+  qpack_graph_destroy(g);
+  for (int n = 0; n < N; ++n) {
+    static float one[L][H * D];
+    node.affine_scale = &masks[n][0][0][0];
+    node.channels = H * L * L;
+    g = NULL;
+    EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_SUCCESS, "attention node: one group's mask");
+    qpack_tensor tn = {QPACK_DTYPE_F32, 3, {1, L, C}, QPACK_LAYOUT_NCHW, x[n]};
+    qpack_tensor on = {QPACK_DTYPE_F32, 3, {1, L, H * D}, QPACK_LAYOUT_NCHW, one};
+    EXPECT(qpack_graph_run(g, 1, &tn, 1, &on) == QPACK_STATUS_SUCCESS &&
+               memcmp(one, y[n], sizeof(one)) == 0,
+           "attention node: sample %d reads mask group %d", n, n);
+    qpack_graph_destroy(g);
+  }
+  node.affine_scale = NULL;
+  node.channels = 0;
   node.kernel_h = 0;
   g = NULL;
   EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_INVALID_ARGUMENT && g == NULL &&

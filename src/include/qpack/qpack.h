@@ -511,8 +511,10 @@ typedef enum qpack_node_kind {
                                     y [N, L, H Dv], head h at [h Dv, (h + 1) Dv):
                                     softmax(act_min q k^T + mask) v (act_min: the scale), with
                                     ceil_mode = 1 row i sees keys j <= i (is_causal). mask:
-                                    `channels` floats at affine_scale, [L][S] for every head or
-                                    [H][L][S], copied; none with channels = 0. u8: inputs
+                                    `channels` floats at affine_scale, [L][S] for every head,
+                                    [H][L][S], or [G][H][L][S] with sample n reading group n % G
+                                    (Swin's shifted windows; G divides N), copied; none with
+                                    channels = 0. u8: inputs
                                     dequantized, the output quantized to its value's qparams */
   QPACK_NODE_CONSTANT = 23,      /* a constant over the batch of inputs[0] (only its dim 0 read):
                                     y [N, kernel_h, kernel_w] row-major (rank 2 [N, kernel_h]
