@@ -3401,23 +3401,33 @@ def refine_ranges(gm, batches, ranges, qmax, names=None):
     _each_float_value(gm, batches, count)
     out = dict(ranges)
     for name, c in hists.items():
-        lo, hi = ranges[name]
-        w = (hi - lo) / _BINS
-        x = lo + (np.arange(_BINS) + 0.5) * w
-        edges = lo + np.arange(_BINS + 1) * w
-        # prefix sums of c, c x, c x^2: the clipping error of [a, b] in O(1)
-        c0, c1, c2 = (np.concatenate([[0.0], np.cumsum(c * x ** k)]) for k in (0, 1, 2))
-        zero = min(max(int(np.floor((0.0 - lo) / w)), 0), _BINS)  # a <= 0 <= b
-        ia = np.unique(np.linspace(0, zero, min(zero + 1, 256)).astype(int))
-        ib = np.unique(np.linspace(min(zero + 1, _BINS), _BINS, max(min(_BINS - zero, 256), 1)).astype(int))
-        a, b = edges[ia][:, None], edges[ib][None, :]
-        below = c2[ia][:, None] - 2 * a * c1[ia][:, None] + a * a * c0[ia][:, None]
-        above = (c2[-1] - c2[ib])[None, :] - 2 * b * (c1[-1] - c1[ib])[None, :] + b * b * (c0[-1] - c0[ib])[None, :]
-        inside = (c0[ib][None, :] - c0[ia][:, None]) * ((b - a) / qmax) ** 2 / 12
-        err = below + above + inside
-        i, j = np.unravel_index(np.argmin(err), err.shape)
-        out[name] = (float(min(edges[ia[i]], 0.0)), float(max(edges[ib[j]], 0.0)))
+        out[name] = clip_range(c, *ranges[name], qmax)
     return out
+
+
+def clip_range(c, lo, hi, qmax):
+    """The clip [a, b] of a value whose elements fell into the histogram c (equal bins
+    over [lo, hi]) that minimizes the expected squared error of quantizing onto qmax + 1
+    levels: the rounding error (step^2 / 12, step = (b - a) / qmax) inside, the squared
+    distance to the clip outside; a and b bin edges, 0 kept inside."""
+    import numpy as np
+
+    bins = len(c)
+    w = (hi - lo) / bins
+    x = lo + (np.arange(bins) + 0.5) * w
+    edges = lo + np.arange(bins + 1) * w
+    # prefix sums of c, c x, c x^2: the clipping error of [a, b] in O(1)
+    c0, c1, c2 = (np.concatenate([[0.0], np.cumsum(c * x ** k)]) for k in (0, 1, 2))
+    zero = min(max(int(np.floor((0.0 - lo) / w)), 0), bins)  # a <= 0 <= b
+    ia = np.unique(np.linspace(0, zero, min(zero + 1, 256)).astype(int))
+    ib = np.unique(np.linspace(min(zero + 1, bins), bins, max(min(bins - zero, 256), 1)).astype(int))
+    a, b = edges[ia][:, None], edges[ib][None, :]
+    below = c2[ia][:, None] - 2 * a * c1[ia][:, None] + a * a * c0[ia][:, None]
+    above = (c2[-1] - c2[ib])[None, :] - 2 * b * (c1[-1] - c1[ib])[None, :] + b * b * (c0[-1] - c0[ib])[None, :]
+    inside = (c0[ib][None, :] - c0[ia][:, None]) * ((b - a) / qmax) ** 2 / 12
+    err = below + above + inside
+    i, j = np.unravel_index(np.argmin(err), err.shape)
+    return float(min(edges[ia[i]], 0.0)), float(max(edges[ib[j]], 0.0))
 
 
 def value_qparams(seg, ranges, qmax=255):

@@ -68,13 +68,19 @@ def test_asymmetric_weights_need_a_backend_that_takes_them(needs_torch):
 def test_one_uint8_qparams_rule(needs_torch):
     torch = needs_torch
     rng = np.random.default_rng(3)
-    for _ in range(200):
-        lo, hi = sorted(rng.normal(0, 10, 2).astype(np.float32))
-        x = torch.tensor([lo, hi], dtype=torch.float32)
-        scale, zp = torch._choose_qparams_per_tensor(x, False)
-        assert _core.choose_qparams_u8(float(lo), float(hi)) == (pytest.approx(scale, rel=1e-6), zp)
-        scale, zp = torch._choose_qparams_per_tensor(x, True)  # reduce_range: [0, 127]
-        assert _core.choose_qparams_u8(float(lo), float(hi), 127) == (pytest.approx(scale, rel=1e-6), zp)
+    # (PyTorch ignores reduce_range under its qnnpack engine, which an earlier test may have left set)
+    engine = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "x86" if "x86" in torch.backends.quantized.supported_engines else "fbgemm"
+    try:
+        for _ in range(200):
+            lo, hi = sorted(rng.normal(0, 10, 2).astype(np.float32))
+            x = torch.tensor([lo, hi], dtype=torch.float32)
+            scale, zp = torch._choose_qparams_per_tensor(x, False)
+            assert _core.choose_qparams_u8(float(lo), float(hi)) == (pytest.approx(scale, rel=1e-6), zp)
+            scale, zp = torch._choose_qparams_per_tensor(x, True)  # reduce_range: [0, 127]
+            assert _core.choose_qparams_u8(float(lo), float(hi), 127) == (pytest.approx(scale, rel=1e-6), zp)
+    finally:
+        torch.backends.quantized.engine = engine
     from qpack.torch import quantize
     assert quantize.uint8_qparams(-1.0, 3.0) == _core.choose_qparams_u8(-1.0, 3.0)
     assert quantize.uint8_qparams(-1.0, 3.0, 127) == _core.choose_qparams_u8(-1.0, 3.0, 127)
