@@ -111,8 +111,9 @@ class WindowGraph:
     in window order (permute_rows), the qkv linear, the attention of each window
     (the relative position bias and, shifted, the windows' masks: one mask per window
     position), the proj linear, the rows back in image order. Held by the qkv layer
-    (not pickled, dropped when its packed op is closed: it shares the op), rebuilt
-    for another shape or when either layer is re-packed."""
+    (not pickled, dropped when its packed op is closed: it shares the op), replaced
+    for another image size or when either layer is re-packed (not closed then: a
+    thread may still be running it; any batch runs on one graph)."""
 
     def __init__(self):
         self.key = None
@@ -127,8 +128,8 @@ class WindowGraph:
         B, H, W, C = x.shape
         key = (H, W, C, tuple(window), tuple(shift), heads, qkv._packed, proj._packed, bias.data_ptr(),
                None if qkv_bias is None else qkv_bias.data_ptr(), None if proj_bias is None else proj_bias.data_ptr())
-        if key != self.key:
-            self.drop()
+        handle = self.handle
+        if key != self.key:  # (replaced, not closed: another thread may be running the old one)
             order = _window_order(H, W, window, shift)
             N = window[0] * window[1]
             mask = bias.reshape(heads, N, N).float()
@@ -144,9 +145,9 @@ class WindowGraph:
                      dict(kind="linear", op=proj._packed._h, inputs=[3], output=4),
                      dict(kind="permute_rows", inputs=[4], output=5,
                           rows=torch.argsort(order).numpy().astype("float32"), kernel=(H * W, 0))]
-            self.handle = _core.GraphHandle([f32] * 6, nodes, [0], [5])
-            self.key = key
-        out = self.handle.run([x.detach().reshape(B, H * W, C).numpy()], ["nchw"])[0]
+            handle = _core.GraphHandle([f32] * 6, nodes, [0], [5])
+            self.handle, self.key = handle, key
+        out = handle.run([x.detach().reshape(B, H * W, C).numpy()], ["nchw"])[0]
         return torch.from_numpy(out).reshape(B, H, W, C)
 
 

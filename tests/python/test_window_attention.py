@@ -174,3 +174,28 @@ def test_torchvision_swin_calls_it():
         f8 = qpack.freeze(model, dtype="int8", example_inputs=[torch.randn(2, 3, 32, 32) for _ in range(2)],
                           progress=False)
         assert rel_err(f8(x), ref) < 0.1
+
+
+def test_threads_share_the_graph():
+    """Threads calling it at once, at two image sizes (the graph replaced under them), each
+    get their own input's attention."""
+    import threading
+    m, f = frozen_pair(16, 2, [4, 4])
+    xs = [torch.randn(1, 8 + 4 * (i % 2), 8, 16) for i in range(6)]
+    with torch.no_grad():
+        want = [reference(x, m.qkv, m.proj, m.bias, [4, 4], 2, [2, 2]) for x in xs]
+    errors = []
+
+    def work(i):
+        try:
+            with torch.no_grad():
+                for _ in range(20):
+                    assert rel_err(call(f, m, xs[i], [4, 4], 2, [2, 2]), want[i]) < 1e-5
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
