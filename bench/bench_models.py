@@ -22,7 +22,8 @@ machine getting busier or quieter moves them alike. Beside each
 timing: the threads that did work during the timed block (CPU time of every
 /proc/self/task/* grew by more than 5 % of the wall time; a row using more
 threads than it says is flagged "!"), and its rate (conv/linear MACs x 2 per
-second: GFLOP/s for fp32 rows, G int8 op/s for int8 rows) as a fraction of the
+second, a convolution's taps over its zero padding not counted: GFLOP/s for
+fp32 rows, G int8 op/s for int8 rows) as a fraction of the
 peak of that many cores, measured in the same run by bench/peak.c ("!" above
 100 %: a harness bug). `--layers` adds the single-layer table (1 thread).
 """
@@ -78,18 +79,32 @@ def init_threads():
 
 # ---- FLOPs ----------------------------------------------------------------------------
 
+def _real_taps(size, out, k, stride, pad, dilation):
+    """(output position, tap) pairs of one spatial dim whose input index is inside the
+    input: a tap that lands on padding multiplies a zero, and kernels skip it."""
+    return sum(sum(1 for t in range(k) if 0 <= o * stride - pad + t * dilation < size) for o in range(out))
+
+
 def count_macs(model, inputs):
-    """Multiply-adds of the model's Conv/Linear layers on `inputs`, from output shapes."""
+    """Multiply-adds of the model's Conv/Linear layers on `inputs`: a convolution's over
+    the taps that land inside its input (not its zero padding)."""
     total = [0]
 
     def hook(m, args, out):
         if isinstance(m, nn.Linear):
             total[0] += out.numel() * m.in_features
-        else:  # ConvNd
-            k = 1
-            for s in m.kernel_size:
-                k *= s
-            total[0] += out.numel() * (m.in_channels // m.groups) * k
+            return
+        x = args[0]
+        pad = m.padding if isinstance(m.padding, tuple) else None
+        if pad is None:  # "same" / "valid"
+            pad = tuple((d * (k - 1)) // 2 if m.padding == "same" else 0 for k, d in zip(m.kernel_size, m.dilation))
+        taps = 1
+        for i, k in enumerate(m.kernel_size):
+            taps *= _real_taps(x.shape[2 + i], out.shape[2 + i], k, m.stride[i], pad[i], m.dilation[i])
+        spatial_out = 1
+        for n in out.shape[2:]:
+            spatial_out *= n
+        total[0] += out.numel() // spatial_out * taps * (m.in_channels // m.groups)
 
     hs = [m.register_forward_hook(hook) for m in model.modules()
           if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))]
@@ -429,7 +444,7 @@ def models_table(bench, args, threads):
     rows, errors, failures, reports = [], [], [], []
     for name, model, x, calib, held_out in build_models(args):
         macs = count_macs(model, x)
-        print(f"# {name}: {2 * macs / 1e9:.2f} GFLOP (conv/linear MACs x 2)", file=sys.stderr)
+        print(f"# {name}: {2 * macs / 1e9:.2f} GFLOP (conv/linear MACs x 2, padding taps not counted)", file=sys.stderr)
         set_threads(threads[0])
         ref = evaluate(model, held_out)
         errs = {}
