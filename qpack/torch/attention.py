@@ -124,16 +124,21 @@ class WindowGraph:
             self.handle.close()
         self.key = self.handle = None
 
-    def run(self, x, qkv, proj, bias, window, heads, shift, qkv_bias, proj_bias):
+    def run(self, x, qkv, proj, bias, window, heads, shift, qkv_bias, proj_bias, shift_mask=None):
+        """``shift_mask``: the shifted windows' masks [windows, N, N] (timm's block keeps
+        them), else torchvision's, made here (_shift_mask)."""
         B, H, W, C = x.shape
         key = (H, W, C, tuple(window), tuple(shift), heads, qkv._packed, proj._packed, bias.data_ptr(),
-               None if qkv_bias is None else qkv_bias.data_ptr(), None if proj_bias is None else proj_bias.data_ptr())
+               None if qkv_bias is None else qkv_bias.data_ptr(), None if proj_bias is None else proj_bias.data_ptr(),
+               None if shift_mask is None else shift_mask.data_ptr())
         handle = self.handle
         if key != self.key:  # (replaced, not closed: another thread may be running the old one)
             order = _window_order(H, W, window, shift)
             N = window[0] * window[1]
             mask = bias.reshape(heads, N, N).float()
-            if shift[0] or shift[1]:
+            if shift_mask is not None:
+                mask = mask.unsqueeze(0) + shift_mask.reshape(-1, N, N).float().unsqueeze(1)
+            elif shift[0] or shift[1]:
                 mask = mask.unsqueeze(0) + _shift_mask(H, W, window, shift).unsqueeze(1)
             f32 = ("f32", 0.0, 0)
             nodes = [dict(kind="permute_rows", inputs=[0], output=1, rows=order.numpy().astype("float32"),
@@ -149,6 +154,74 @@ class WindowGraph:
             self.handle, self.key = handle, key
         out = handle.run([x.detach().reshape(B, H * W, C).numpy()], ["nchw"])[0]
         return torch.from_numpy(out).reshape(B, H, W, C)
+
+
+def _window_graph(qkv):
+    graph = qkv.__dict__.get("_window_graph")
+    if graph is None:
+        graph = qkv.__dict__["_window_graph"] = WindowGraph()
+    return graph
+
+
+# ---- timm's Swin: its blocks' _attn, on the same graph --------------------------------------
+
+def timm_window_attention(x, qkv_weight, proj_weight, relative_position_bias, window_size, num_heads, shift_size,
+                          qkv_bias, proj_bias, attn_mask):
+    """timm's ``SwinTransformerBlock._attn`` (eval: roll by -shift, pad to whole windows,
+    window_partition, the block's WindowAttention with its relative position bias
+    [1, heads, N, N] and ``attn_mask`` [windows, N, N] (None unshifted), window_reverse,
+    crop, roll back) on one core graph (WindowGraph) where it applies: float32
+    [B, H, W, C] whose H and W the windows divide, the mask's windows those of the
+    image, qkv and proj frozen float-in-and-out linears; otherwise the same written
+    out in PyTorch (_timm_window_attention_torch). Traced timm Swin blocks call it
+    (graph.py's _LayerLeaves)."""
+    if not torch.is_tensor(x) or x.dim() != 4:
+        raise ValueError(f"timm_window_attention takes an image [B, H, W, C], got "
+                         f"{tuple(x.shape) if torch.is_tensor(x) else type(x).__name__}")
+    window, shift = [int(w) for w in window_size], [int(s) for s in shift_size]
+    B, H, W, C = x.shape
+    N = window[0] * window[1]
+    windows = (H // window[0]) * (W // window[1]) if window[0] and window[1] else 0
+    qkv = proj = None
+    if (x.dtype == torch.float32 and x.device.type == "cpu" and B > 0 and H > 0 and W > 0
+            and C % num_heads == 0 and H % window[0] == 0 and W % window[1] == 0
+            and not (x.requires_grad and torch.is_grad_enabled())
+            and relative_position_bias.numel() == num_heads * N * N
+            and (attn_mask is None) == (not any(shift))
+            and (attn_mask is None or tuple(attn_mask.shape) == (windows, N, N))):
+        qkv = _packed_linear(qkv_weight, qkv_bias, 3 * C)
+        proj = _packed_linear(proj_weight, proj_bias, C)
+    if qkv is None or proj is None:
+        return _timm_window_attention_torch(x, qkv_weight, proj_weight, relative_position_bias, window, num_heads,
+                                            shift, qkv_bias, proj_bias, attn_mask)
+    return _window_graph(qkv).run(x.contiguous(), qkv, proj, relative_position_bias, window, num_heads, shift,
+                                  qkv_bias, proj_bias, shift_mask=attn_mask)
+
+
+def _timm_window_attention_torch(x, qkv_weight, proj_weight, bias, window, heads, shift, qkv_bias, proj_bias,
+                                 attn_mask):
+    """timm's SwinTransformerBlock._attn and WindowAttention.forward (eval), written out."""
+    B, H, W, C = x.shape
+    if any(shift):
+        x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2))
+    ph, pw = (window[0] - H % window[0]) % window[0], (window[1] - W % window[1]) % window[1]
+    x = F.pad(x, (0, 0, 0, pw, 0, ph))
+    Hp, Wp, N = H + ph, W + pw, window[0] * window[1]
+    xw = x.view(B, Hp // window[0], window[0], Wp // window[1], window[1], C).permute(0, 1, 3, 2, 4, 5)
+    xw = xw.reshape(-1, N, C)
+    Bw = xw.shape[0]
+    q, k, v = F.linear(xw, qkv_weight, qkv_bias).reshape(Bw, N, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+    mask = bias
+    if attn_mask is not None:
+        nw = attn_mask.shape[0]
+        mask = mask + attn_mask.view(1, nw, 1, N, N).expand(Bw // nw, -1, heads, -1, -1).reshape(-1, heads, N, N)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out = F.linear(out.transpose(1, 2).reshape(Bw, N, -1), proj_weight, proj_bias)
+    out = out.view(B, Hp // window[0], Wp // window[1], window[0], window[1], C).permute(0, 1, 3, 2, 4, 5)
+    out = out.reshape(B, Hp, Wp, C)[:, :H, :W, :].contiguous()
+    if any(shift):
+        out = torch.roll(out, shifts=tuple(shift), dims=(1, 2))
+    return out
 
 
 def _packed_linear(w, b, out_features):
@@ -192,8 +265,5 @@ def shifted_window_attention(input, qkv_weight, proj_weight, relative_position_b
             from torchvision.models.swin_transformer import shifted_window_attention as fallback
         return fallback(input, qkv_weight, proj_weight, relative_position_bias, window_size, num_heads, shift_size,
                         attention_dropout, dropout, qkv_bias, proj_bias, logit_scale, training)
-    graph = qkv.__dict__.get("_window_graph")
-    if graph is None:
-        graph = qkv.__dict__["_window_graph"] = WindowGraph()
-    return graph.run(input.contiguous(), qkv, proj, relative_position_bias, window, num_heads, shift, qkv_bias,
-                     proj_bias)
+    return _window_graph(qkv).run(input.contiguous(), qkv, proj, relative_position_bias, window, num_heads, shift,
+                                  qkv_bias, proj_bias)

@@ -740,11 +740,55 @@ def trace_clean(tracer, model, concrete_args=None):
 
 
 class _LayerLeaves(CpuTracer):
-    """qpack's trace of a layer-frozen model: frozen layers are leaves."""
+    """qpack's trace of a layer-frozen model: frozen layers are leaves; a timm Swin
+    block's window attention (its ``_attn``) is one call of
+    qpack.torch.attention.timm_window_attention (_timm_swin_attn)."""
 
     def is_leaf_module(self, m, qualname):
         return (isinstance(m, (FrozenConv1d, FrozenConv2d, FrozenLinear, FrozenMultiheadAttention))
                 or super().is_leaf_module(m, qualname))
+
+    def call_module(self, m, forward, args, kwargs):
+        attn = _timm_swin_attn(self, m)
+        if attn is None:
+            return super().call_module(m, forward, args, kwargs)
+        m.__dict__["_attn"] = attn  # the block's forward calls self._attn: this one while traced
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        finally:
+            m.__dict__.pop("_attn", None)
+
+
+def _timm_swin_attn(tracer, block):
+    """For a timm SwinTransformerBlock (eval, its masks fixed at init, qkv and proj
+    frozen): its ``_attn`` as the trace's one call of timm_window_attention, the
+    relative position bias gathered now (a constant of the trace), the shifted
+    windows' mask the block's buffer; else None (traced as it is)."""
+    cls = type(block)
+    if (cls.__module__ != "timm.models.swin_transformer" or cls.__name__ != "SwinTransformerBlock"
+            or block.training or getattr(block, "dynamic_mask", False)):
+        return None
+    attn = block._modules.get("attn")
+    table = attn._parameters.get("relative_position_bias_table") if attn is not None else None
+    index = attn._buffers.get("relative_position_index") if attn is not None else None
+    qkv, proj = (attn._modules.get(k) for k in ("qkv", "proj")) if attn is not None else (None, None)
+    window, shift = getattr(block, "window_size", None), getattr(block, "shift_size", None)
+    if (not isinstance(qkv, FrozenLinear) or not isinstance(proj, FrozenLinear) or table is None or index is None
+            or not isinstance(getattr(attn, "num_heads", None), int) or len(tuple(window or ())) != 2
+            or len(tuple(shift or ())) != 2):
+        return None
+    heads, n = attn.num_heads, int(window[0]) * int(window[1])
+    with torch.no_grad():
+        bias = table.detach()[index.reshape(-1)].reshape(n, n, -1).permute(2, 0, 1).contiguous().unsqueeze(0)
+    if bias.shape[1] != heads:
+        return None
+    mask = block._buffers.get("attn_mask")
+    args = (qkv.weight, proj.weight, bias, tuple(int(w) for w in window), heads, tuple(int(s) for s in shift),
+            qkv.bias, proj.bias, mask)
+
+    def _attn(x):
+        return tracer.create_proxy("call_function", _attention.timm_window_attention, (x,) + args, {})
+    return _attn
 
 
 _NO_VALUE = object()
