@@ -4152,11 +4152,31 @@ def graph_report(model):
     model runs layer by layer."""
     r = runner_of(model)
     if r is not None:
-        return r.report()
-    parts = graph_parts(model)
-    if not parts:
-        return None
-    return "\n".join(f"submodule {name} (PyTorch around it):\n{r.report()}" for name, r in parts.items())
+        out = r.report()
+    else:
+        parts = graph_parts(model)
+        if not parts:
+            return None
+        out = "\n".join(f"submodule {name} (PyTorch around it):\n{r.report()}" for name, r in parts.items())
+    return out + "".join(_window_graph_lines(model))
+
+
+def _window_graph_lines(model):
+    """A line per Swin window-attention graph built so far (qpack.torch.attention's,
+    kept on the qkv layer for the last image size it ran): its constants are the
+    permutations and the masks (relative position bias + shifted windows)."""
+    for name, m in model.named_modules():
+        g = m.__dict__.get("_window_graph") if isinstance(m, FrozenLinear) else None
+        handle = getattr(g, "handle", None)
+        if handle is None:
+            continue
+        try:
+            info = handle.info()
+        except _core.Error:
+            continue
+        yield (f"\nwindow attention of {name} ({g.key[0]}x{g.key[1]} image, qpack.torch.attention): "
+               f"{info['num_nodes']} nodes, constants {info['nbytes_constants']} B, "
+               f"workspace {info['nbytes_workspace']} B")
 
 
 def graph_parts(model):

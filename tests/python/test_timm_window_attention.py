@@ -130,6 +130,10 @@ def test_a_timm_block_calls_it(monkeypatch):
     with torch.no_grad():
         assert rel_err(f(x), ref) < 1e-5
     assert "_window_graph" in f.blocks[1].attn.qkv.__dict__
+    # graph_report lists the window graphs: the shifted block's masks, [4 windows][2 heads][16][16] floats
+    lines = [ln for ln in qpack.graph_report(f).splitlines() if ln.startswith("window attention of blocks.1.attn.qkv")]
+    assert len(lines) == 1 and "(8x8 image" in lines[0]
+    assert int(lines[0].split("constants ")[1].split(" B")[0]) >= 4 * 2 * 16 * 16 * 4
     monkeypatch.undo()
     f8 = qpack.freeze(model, dtype="int8", example_inputs=[torch.randn(2, 3, 16, 16) for _ in range(2)],
                       progress=False)
