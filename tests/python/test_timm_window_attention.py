@@ -3,6 +3,9 @@ a traced timm Swin block calls qpack.torch.attention.timm_window_attention in it
 Checked against the attention written out (test_window_attention.reference), on a
 block written here the way timm 1.0 writes it (its class named and placed as timm's,
 which is what freeze recognizes), and on timm's own Swin when timm is importable."""
+import copy
+import pickle
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -182,7 +185,7 @@ def test_padding_and_bad_input():
         assert rel_err(fq(x), qkv(x)) < 1e-5
 
 
-def test_timm_swin_calls_it():
+def test_timm_swin_calls_it(tmp_path):
     """timm's own Swin (small, random weights): its blocks' attention on the graph."""
     try:
         from timm.models.swin_transformer import SwinTransformer
@@ -197,4 +200,12 @@ def test_timm_swin_calls_it():
     f = qpack.freeze(model, progress=False)
     assert _attention_calls(f) == 4
     with torch.no_grad():
-        assert rel_err(f(x), ref) < 1e-5
+        out = f(x)
+        assert rel_err(out, ref) < 1e-5
+        # pickled, deep-copied and saved, its traces (their constants, the packed qkv weights) go along
+        assert rel_err(pickle.loads(pickle.dumps(f))(x), out) < 1e-6
+        assert rel_err(copy.deepcopy(f)(x), out) < 1e-6
+        path = tmp_path / "swin.qpk"
+        qpack.save(f, str(path))
+        assert rel_err(qpack.load(str(path))(x), out) < 1e-6
+        assert rel_err(qpack.unfreeze(f)(x), ref) < 1e-5
