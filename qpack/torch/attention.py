@@ -182,20 +182,15 @@ def timm_window_attention(x, qkv_weight, proj_weight, relative_position_bias, wi
     B, H, W, C = x.shape
     N = window[0] * window[1]
     windows = (H // window[0]) * (W // window[1]) if window[0] and window[1] else 0
-    qkv = proj = None
-    if (x.dtype == torch.float32 and x.device.type == "cpu" and B > 0 and H > 0 and W > 0
-            and C % num_heads == 0 and H % window[0] == 0 and W % window[1] == 0
-            and not (x.requires_grad and torch.is_grad_enabled())
-            and relative_position_bias.numel() == num_heads * N * N
-            and (attn_mask is None) == (not any(shift))
-            and (attn_mask is None or tuple(attn_mask.shape) == (windows, N, N))):
-        qkv = _packed_linear(qkv_weight, qkv_bias, 3 * C)
-        proj = _packed_linear(proj_weight, proj_bias, C)
-    if qkv is None or proj is None:
+    layers = None
+    if (attn_mask is None) == (not any(shift)) and (attn_mask is None or tuple(attn_mask.shape) == (windows, N, N)):
+        layers = _window_layers(x, qkv_weight, qkv_bias, proj_weight, proj_bias, relative_position_bias, window,
+                                num_heads)
+    if layers is None:
         return _timm_window_attention_torch(x, qkv_weight, proj_weight, relative_position_bias, window, num_heads,
                                             shift, qkv_bias, proj_bias, attn_mask)
-    return _window_graph(qkv).run(x.contiguous(), qkv, proj, relative_position_bias, window, num_heads, shift,
-                                  qkv_bias, proj_bias, shift_mask=attn_mask)
+    return _window_graph(layers[0]).run(x.contiguous(), *layers, relative_position_bias, window, num_heads, shift,
+                                        qkv_bias, proj_bias, shift_mask=attn_mask)
 
 
 def _timm_window_attention_torch(x, qkv_weight, proj_weight, bias, window, heads, shift, qkv_bias, proj_bias,
@@ -224,6 +219,23 @@ def _timm_window_attention_torch(x, qkv_weight, proj_weight, bias, window, heads
     return out
 
 
+def _window_layers(x, qkv_weight, qkv_bias, proj_weight, proj_bias, bias, window, heads):
+    """(qkv, proj), the frozen layers, when a WindowGraph runs this window attention:
+    float32 CPU [B, H, W, C] (none of them 0) whose windows divide H and W, C a multiple
+    of the heads, no autograd, a relative position bias of heads N N, qkv and proj
+    frozen float-in-and-out linears (_packed_linear); else None."""
+    if x.dim() != 4:
+        return None
+    B, H, W, C = x.shape
+    if not (x.dtype == torch.float32 and x.device.type == "cpu" and B > 0 and H > 0 and W > 0
+            and C % heads == 0 and H % window[0] == 0 and W % window[1] == 0
+            and not (x.requires_grad and torch.is_grad_enabled())
+            and torch.is_tensor(bias) and bias.numel() == heads * (window[0] * window[1]) ** 2):
+        return None
+    qkv, proj = _packed_linear(qkv_weight, qkv_bias, 3 * C), _packed_linear(proj_weight, proj_bias, C)
+    return None if qkv is None or proj is None else (qkv, proj)
+
+
 def _packed_linear(w, b, out_features):
     """The frozen Linear whose PackedWeight w is, when its packed op runs float in and
     out with no activation and b is its own bias (or both None), else None."""
@@ -246,24 +258,20 @@ def shifted_window_attention(input, qkv_weight, proj_weight, relative_position_b
     it applies: eval, no cosine attention (Swin V2's logit_scale), float32 [B, H, W, C]
     whose H and W the windows divide, qkv and proj frozen float-in-and-out linears;
     ``fallback`` (torchvision's function, by default) otherwise."""
-    B, H, W, C = input.shape if input.dim() == 4 else (0, 0, 0, 0)
     window, shift = list(window_size), list(shift_size)
-    if window[0] >= H:
-        shift[0] = 0
-    if window[1] >= W:
-        shift[1] = 0
-    qkv = proj = None
-    if (not training and logit_scale is None and input.dtype == torch.float32 and input.device.type == "cpu"
-            and H > 0 and W > 0 and C % num_heads == 0 and H % window[0] == 0 and W % window[1] == 0
-            and not (input.requires_grad and torch.is_grad_enabled())
-            and torch.is_tensor(relative_position_bias)
-            and relative_position_bias.numel() == num_heads * (window[0] * window[1]) ** 2):
-        qkv = _packed_linear(qkv_weight, qkv_bias, 3 * C)
-        proj = _packed_linear(proj_weight, proj_bias, C)
-    if qkv is None or proj is None or B == 0:
+    layers = None
+    if not training and logit_scale is None:
+        layers = _window_layers(input, qkv_weight, qkv_bias, proj_weight, proj_bias, relative_position_bias,
+                                window, num_heads)
+    if layers is None:
         if fallback is None:
             from torchvision.models.swin_transformer import shifted_window_attention as fallback
         return fallback(input, qkv_weight, proj_weight, relative_position_bias, window_size, num_heads, shift_size,
                         attention_dropout, dropout, qkv_bias, proj_bias, logit_scale, training)
-    return _window_graph(qkv).run(input.contiguous(), qkv, proj, relative_position_bias, window, num_heads, shift,
-                                  qkv_bias, proj_bias)
+    H, W = input.shape[1:3]
+    if window[0] >= H:
+        shift[0] = 0
+    if window[1] >= W:
+        shift[1] = 0
+    return _window_graph(layers[0]).run(input.contiguous(), *layers, relative_position_bias, window, num_heads,
+                                        shift, qkv_bias, proj_bias)

@@ -975,16 +975,16 @@ def _freeze_int8_parts(fp32, backend, retain, batches, show_progress, bits):
         if id(layer) in replacements:
             continue
         r = ranges.get(id(layer), {})
-        if "in" in r and "out" in r and not isinstance(layer, FrozenLinear):  # (a Linear alone: dynamic,
-            replacements[id(layer)] = _static_int8(layer, _q.uint8_qparams(*r["in"], bits.act),
-                                                   _q.uint8_qparams(*r["out"], bits.act), backend, retain,
-                                                   layer.activation, bits)
-        elif isinstance(layer, FrozenLinear):  # FreezeContext.alone)
+        if isinstance(layer, FrozenLinear):  # a Linear alone between PyTorch ops: dynamic (FreezeContext.alone)
             w, b = layer.unpack()
             q, s = bits.quantize(w)
             replacements[id(layer)] = FrozenLinear.make(
                 "int8_dynamic", q, b, weight_scale=s, activation=layer.activation, backend=backend, retain=retain,
                 source="qpack_int8", folded_bn=layer._spec.get("folded_bn", False)).train(False)
+        elif "in" in r and "out" in r:
+            replacements[id(layer)] = _static_int8(layer, _q.uint8_qparams(*r["in"], bits.act),
+                                                   _q.uint8_qparams(*r["out"], bits.act), backend, retain,
+                                                   layer.activation, bits)
         elif retain is False:
             layer.release_original()  # an fp32 convolution calibration never reached
     _swap(fp32, replacements)

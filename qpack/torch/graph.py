@@ -2804,6 +2804,23 @@ def canonicalize(gm):
         erased.add(old)
         return new
 
+    def to_constant(node, t):
+        """node, whose value t was computed from constants, becomes a read of t (a buffer,
+        beside the first constant it read: not an op between ops); the constants it read,
+        read by nothing else now, go."""
+        name = f"_qpack_constant_{len(erased)}_{node.name}"
+        gm.register_buffer(name, t, persistent=False)
+        reads = [a for a in node.all_input_nodes if a.op == "get_attr"]
+        with g.inserting_after(reads[0]):
+            new = g.get_attr(name)
+        node.replace_all_uses_with(new)
+        g.erase_node(node)
+        erased.add(node)
+        for a in reads:
+            if not a.users and a not in erased:
+                g.erase_node(a)
+                erased.add(a)
+
     def heads(node):
         """An attention call between a split into heads and their merge -> one
         heads_attention on the rows (True), else False."""
@@ -2838,19 +2855,7 @@ def canonicalize(gm):
             # its relative position bias, gathered from a table at every call: a constant
             args = torch.fx.node.map_arg(node.args, lambda a: _attr_tensor(gm, a))
             with torch.no_grad():
-                t = node.target(*args).contiguous()
-            name = f"_qpack_constant_{len(erased)}_{node.name}"
-            gm.register_buffer(name, t, persistent=False)
-            with g.inserting_before(node):
-                new = g.get_attr(name)
-            node.replace_all_uses_with(new)
-            reads = node.all_input_nodes
-            g.erase_node(node)
-            erased.add(node)
-            for a in reads:
-                if not a.users:
-                    g.erase_node(a)
-                    erased.add(a)
+                to_constant(node, node.target(*args).contiguous())
             continue
         if (sa := _self_attention_call(node, modules)) is not None:
             # a frozen nn.MultiheadAttention on one value: its projections and the core's
@@ -2935,18 +2940,7 @@ def canonicalize(gm):
                 and node.args[0].op == "get_attr" and (t := _constant_view(gm, node)) is not None:
             # a constant's view by constant sizes (timm's metaformer Scale) or its index by
             # constants (LeViT's attention biases) is a constant too
-            name = f"_qpack_constant_{len(erased)}_{node.name}"
-            gm.register_buffer(name, t, persistent=False)
-            with g.inserting_after(node.args[0]):  # beside its base: not an op between ops
-                new = g.get_attr(name)
-            node.replace_all_uses_with(new)
-            reads = [a for a in node.all_input_nodes if a.op == "get_attr"]
-            g.erase_node(node)
-            erased.add(node)
-            for a in reads:  # the table and its index, read by nothing else now
-                if not a.users and a not in erased:
-                    g.erase_node(a)
-                    erased.add(a)
+            to_constant(node, t)
             continue
         if (moved := _row_permutation(node)) is not None:
             # reshapes and transposes that move whole rows (MobileViT's unfold into patches and
@@ -3454,8 +3448,6 @@ def clip_range(c, lo, hi, qmax):
     over [lo, hi]) that minimizes the expected squared error of quantizing onto qmax + 1
     levels: the rounding error (step^2 / 12, step = (b - a) / qmax) inside, the squared
     distance to the clip outside; a and b bin edges, 0 kept inside."""
-    import numpy as np
-
     bins = len(c)
     w = (hi - lo) / bins
     x = lo + (np.arange(bins) + 0.5) * w
