@@ -155,6 +155,8 @@ cdef class GraphHandle:
                         fview = sc
                         cn[i].affine_scale = &fview[0]
                         cn[i].channels = sc.shape[0]
+                        # window masks [G, L, S] after the heads' [H, L, S] in "mask"
+                        cn[i].act_max = n.get("mask_windows", 0)
                 elif n["kind"] == "constant":
                     sc = np.ascontiguousarray(n["table"], dtype=np.float32)
                     if sc.ndim not in (1, 2) or sc.size == 0:

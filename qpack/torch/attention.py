@@ -109,11 +109,12 @@ def _shift_mask(H, W, window, shift):
 class WindowGraph:
     """One core graph for a Swin block's window attention at one input shape: its rows
     in window order (permute_rows), the qkv linear, the attention of each window
-    (the relative position bias and, shifted, the windows' masks: one mask per window
-    position), the proj linear, the rows back in image order. Held by the qkv layer
-    (not pickled, dropped when its packed op is closed: it shares the op), replaced
-    for another image size or when either layer is re-packed (not closed then: a
-    thread may still be running it; any batch runs on one graph)."""
+    (the heads' relative position bias and, shifted, one mask per window position,
+    each held once: the node adds a window's after its head's), the proj linear, the
+    rows back in image order. Held by the qkv layer (not pickled, dropped when its
+    packed op is closed: it shares the op), replaced for another image size or when
+    either layer is re-packed (not closed then: a thread may still be running it; any
+    batch runs on one graph)."""
 
     def __init__(self):
         self.key = None
@@ -135,18 +136,23 @@ class WindowGraph:
         if key != self.key:  # (replaced, not closed: another thread may be running the old one)
             order = _window_order(H, W, window, shift)
             N = window[0] * window[1]
+            # the heads' bias [heads, N, N] then, shifted, the windows' masks [windows, N, N]:
+            # the core adds window b % windows's after the head's, each held once
             mask = bias.reshape(heads, N, N).float()
+            if shift_mask is None and (shift[0] or shift[1]):
+                shift_mask = _shift_mask(H, W, window, shift)
+            windows = 0
             if shift_mask is not None:
-                mask = mask.unsqueeze(0) + shift_mask.reshape(-1, N, N).float().unsqueeze(1)
-            elif shift[0] or shift[1]:
-                mask = mask.unsqueeze(0) + _shift_mask(H, W, window, shift).unsqueeze(1)
+                shift_mask = shift_mask.reshape(-1, N, N).float()
+                windows = shift_mask.shape[0]
+                mask = torch.cat([mask, shift_mask])
             f32 = ("f32", 0.0, 0)
             nodes = [dict(kind="permute_rows", inputs=[0], output=1, rows=order.numpy().astype("float32"),
                           kernel=(N, 0)),
                      dict(kind="linear", op=qkv._packed._h, inputs=[1], output=2),
                      dict(kind="attention", inputs=[2, 2, 2], output=3, heads=heads, head_dim=C // heads,
                           offsets=(0, C, 2 * C), scale=(C // heads) ** -0.5,
-                          mask=mask.contiguous().numpy()),
+                          mask=mask.contiguous().numpy(), mask_windows=windows),
                      dict(kind="linear", op=proj._packed._h, inputs=[3], output=4),
                      dict(kind="permute_rows", inputs=[4], output=5,
                           rows=torch.argsort(order).numpy().astype("float32"), kernel=(H * W, 0))]

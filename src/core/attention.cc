@@ -25,8 +25,9 @@ struct Head {
   const float* k;
   const float* v;
   float* out;
-  const float* mask;  // or null
-  int64_t q_row, k_row, v_row, out_row, mask_row;
+  const float* mask;         // or null
+  const float* window_mask;  // or null; rows of S floats
+  int64_t q_row, k_row, v_row, out_row, mask_row, window_row;
 };
 
 Head head(const AttentionF32& a, int64_t b, int64_t h) {
@@ -35,7 +36,8 @@ Head head(const AttentionF32& a, int64_t b, int64_t h) {
               a.mask != nullptr
                   ? a.mask + (a.mask_groups > 0 ? b % a.mask_groups : b) * a.mask_stride[0] + h * a.mask_stride[1]
                   : nullptr,
-              a.q_stride[2], a.k_stride[2], a.v_stride[2], a.out_stride[2], a.mask_stride[2]};
+              a.window_mask != nullptr ? a.window_mask + (b % a.window_groups) * a.L * a.S : nullptr,
+              a.q_stride[2], a.k_stride[2], a.v_stride[2], a.out_stride[2], a.mask_stride[2], a.S};
 }
 
 // Keys past query i's own position get no weight (PyTorch's is_causal).
@@ -55,16 +57,21 @@ void softmax_row(float* x, int64_t n) {
 }
 
 // The weights of query i's first n keys from their scaled scores in sc: the
-// mask's row i added, then the softmax; a row the mask hides entirely (every
-// score -inf) weighs every key 0, so its output is 0 (PyTorch's, not NaN).
+// mask's row i added (then the window mask's, as PyTorch's Swin adds them), then
+// the softmax; a row the masks hide entirely (every score -inf) weighs every key
+// 0, so its output is 0 (PyTorch's, not NaN).
 void weigh_row(const Head& t, int64_t i, int64_t n, float* sc) {
-  if (t.mask != nullptr) {
-    const float* m = t.mask + i * t.mask_row;
-    float top = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) {
-      sc[j] += m[j];
-      top = std::max(top, sc[j]);
+  if (t.mask != nullptr || t.window_mask != nullptr) {
+    if (t.mask != nullptr) {
+      const float* m = t.mask + i * t.mask_row;
+      for (int64_t j = 0; j < n; ++j) sc[j] += m[j];
     }
+    if (t.window_mask != nullptr) {
+      const float* w = t.window_mask + i * t.window_row;
+      for (int64_t j = 0; j < n; ++j) sc[j] += w[j];
+    }
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) top = std::max(top, sc[j]);
     if (top == -std::numeric_limits<float>::infinity()) {
       std::fill(sc, sc + n, 0.0f);
       return;
@@ -237,7 +244,7 @@ QPACK_ATTN_TARGET void rows512(const AttentionF32& a, const Head& t, int64_t i0,
     // their sums' inverses scaling the outputs (inv); else a row at a time
     int64_t n = 0;
     float inv[kRows] = {1.0f, 1.0f, 1.0f, 1.0f};
-    const bool together = t.mask == nullptr && !a.causal && exp_rows_f32_vector(sc.data(), rows, Sp, S, inv);
+    const bool together = t.mask == nullptr && t.window_mask == nullptr && !a.causal && exp_rows_f32_vector(sc.data(), rows, Sp, S, inv);
     for (int r = 0; r < kRows; ++r) {
       const int64_t seen = r < rows ? keys_seen(a, r0 + r) : 0;
       if (r < rows && !together) weigh_row(t, r0 + r, seen, sc.data() + r * Sp);
@@ -272,6 +279,8 @@ void attention_f32(const AttentionF32& a) {
   check(std::isfinite(a.scale), QPACK_STATUS_INVALID_ARGUMENT, "attention scale must be finite, got ", a.scale);
   check(a.mask_groups >= 0, QPACK_STATUS_INVALID_ARGUMENT, "attention mask groups must be >= 0, got ",
         a.mask_groups);
+  check(a.window_mask == nullptr || a.window_groups >= 1, QPACK_STATUS_INVALID_ARGUMENT,
+        "attention window masks need groups >= 1, got ", a.window_groups);
   if (a.B == 0 || a.H == 0 || a.L == 0) return;
   const int threads = num_threads();
   const int64_t heads = a.B * a.H;

@@ -31,6 +31,11 @@ struct AttentionF32 {
   // shifted windows, one mask per window position, the batch the windows of
   // several images); 0: batch b's at b times mask_stride[0].
   int64_t mask_groups = 0;
+  // A second addend, or null: masks [G][L][S] (row stride S, the same for every
+  // head), batch b reading mask b % window_groups (Swin's shifted windows: one
+  // mask per window, its heads' position bias in `mask` once).
+  const float* window_mask = nullptr;
+  int64_t window_groups = 0;
 };
 
 // Checks the arguments (qpack::Error on bad ones) and runs on num_threads().

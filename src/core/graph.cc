@@ -929,6 +929,14 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
         check(!std::isnan(m) && m != std::numeric_limits<float>::infinity(), QPACK_STATUS_INVALID_ARGUMENT,
               "node ", i, " (attention): the mask must not hold NaN or +inf");
       }
+      // act_max: the count G of window masks after the heads' [H][L][S] (0: none)
+      const bool whole = n.act_max >= 0.0f && n.act_max <= float(1 << 20) && n.act_max == std::floor(n.act_max);
+      const int64_t H = n.kernel[0], G = whole ? static_cast<int64_t>(n.act_max) : 0;
+      const int64_t masks = static_cast<int64_t>(n.affine_scale.size());
+      check(whole && (G == 0 || (masks > 0 && masks % (H + G) == 0)),
+            QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (attention): the window mask count (act_max) must be "
+            "a whole number in [0, 2^20], with a mask of (heads + windows) x L x S values; got ", n.act_max,
+            " windows, ", H, " heads and ", masks, " mask values");
     }
     if (n.kind == QPACK_NODE_PRELU) {
       check(!n.affine_scale.empty() && n.affine_scale.size() <= (size_t(1) << 24) && n.affine_shift.empty(),
@@ -1375,8 +1383,13 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
       check(x.d[1] == 0 || k.d[1] > 0, QPACK_STATUS_INVALID_ARGUMENT, "attention of ", x.d[1],
             " queries over no keys: ", shape_str(k));
       const int64_t LS = x.d[1] * k.d[1], masks = static_cast<int64_t>(n.affine_scale.size());
+      const int64_t windows = static_cast<int64_t>(n.act_max);
+      check(windows == 0 || (masks == (H + windows) * LS && x.d[0] % windows == 0),
+            QPACK_STATUS_INVALID_ARGUMENT, "attention's mask holds ", masks, " values, not (H + G) x L x S = (",
+            H, " + ", windows, ") x ", LS, " (the heads' masks, then G windows' for a batch of G's multiples) for q ",
+            shape_str(x), " and k ", shape_str(k));
       const int64_t groups = LS > 0 && masks > LS ? masks / (H * LS) : 1;  // masks per head over the batch
-      check(masks == 0 || masks == LS || (masks == groups * H * LS && x.d[0] % groups == 0),
+      check(windows > 0 || masks == 0 || masks == LS || (masks == groups * H * LS && x.d[0] % groups == 0),
             QPACK_STATUS_INVALID_ARGUMENT, "attention's mask holds ", masks, " values, not L x S = ", LS,
             " (or H x L x S, or G x H x L x S for a batch of G's multiples) for q ", shape_str(x), " and k ",
             shape_str(k));
@@ -2007,12 +2020,17 @@ void Graph::run_attention(const GraphNode& n, const GraphPlan& plan, uint8_t* co
   std::copy(o_strides, o_strides + 3, a.out_stride);
   a.scale = n.act_min;
   a.causal = n.ceil_mode;
-  if (!n.affine_scale.empty()) {  // [L][S] for every head, [H][L][S], or [G][H][L][S] by batch % G
+  if (!n.affine_scale.empty()) {  // [L][S] for every head, [H][L][S], [G][H][L][S] by batch % G,
+                                  // or [H][L][S] then [G][L][S] (act_max = G windows)
     const int64_t masks = static_cast<int64_t>(n.affine_scale.size()), LS = a.L * a.S;
     a.mask = n.affine_scale.data();
     a.mask_stride[1] = masks == LS ? 0 : LS;
     a.mask_stride[2] = a.S;
-    if (masks > a.H * LS) {
+    const int64_t windows = static_cast<int64_t>(n.act_max);
+    if (windows > 0) {  // [H][L][S] for the heads, then [G][L][S] by batch % G
+      a.window_mask = a.mask + a.H * LS;
+      a.window_groups = windows;
+    } else if (masks > a.H * LS) {
       a.mask_groups = masks / (a.H * LS);
       a.mask_stride[0] = a.H * LS;
     }

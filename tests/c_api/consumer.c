@@ -604,6 +604,42 @@ static void test_graph_attention(void) {
            "attention node: sample %d reads mask group %d", n, n);
     qpack_graph_destroy(g);
   }
+  /* window masks (act_max = G): the heads' [H][L][S] (0 here), then [G][L][S], sample n
+     adding window n % G's: the values of the grouped form with each window's mask for
+     every head; a count that is not whole or does not fit the mask is refused */
+  static float windowed[H + N][L][L], grouped[N][H][L][L];
+  memset(windowed, 0, sizeof(windowed));
+  for (int n = 0; n < N; ++n) {
+    memcpy(windowed[H + n], masks[n][0], sizeof(windowed[0]));
+    for (int h = 0; h < H; ++h) memcpy(grouped[n][h], masks[n][0], sizeof(grouped[0][0]));
+  }
+  static float y_grouped[N][L][H * D];
+  qpack_tensor tg = {QPACK_DTYPE_F32, 3, {N, L, H * D}, QPACK_LAYOUT_NCHW, y_grouped};
+  node.affine_scale = &grouped[0][0][0][0];
+  node.channels = N * H * L * L;
+  g = NULL;
+  EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_SUCCESS && qpack_graph_run(g, 1, &ti, 1, &tg) ==
+             QPACK_STATUS_SUCCESS, "attention node: grouped masks of each window for every head");
+  qpack_graph_destroy(g);
+  node.affine_scale = &windowed[0][0][0];
+  node.channels = (H + N) * L * L;
+  node.act_max = (float)N;
+  g = NULL;
+  EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_SUCCESS && qpack_graph_run(g, 1, &ti, 1, &to) ==
+             QPACK_STATUS_SUCCESS && memcmp(y, y_grouped, sizeof(y)) == 0,
+         "attention node: window masks after the heads' give the grouped form's values");
+  EXPECT(qpack_graph_run(g, 1, &odd, 1, &to) == QPACK_STATUS_INVALID_ARGUMENT &&
+             strstr(qpack_last_error(), "mask") != NULL, "attention node: a batch the windows do not divide");
+  qpack_graph_destroy(g);
+  const float bad_counts[3] = {1.5f, -1.0f, (float)N + 1.0f};
+  for (int i = 0; i < 3; ++i) {
+    node.act_max = bad_counts[i];
+    g = NULL;
+    EXPECT(qpack_graph_create(&gp, &g) == QPACK_STATUS_INVALID_ARGUMENT && g == NULL &&
+               strstr(qpack_last_error(), "window mask count") != NULL,
+           "attention node: refuses %g window masks", bad_counts[i]);
+  }
+  node.act_max = 0.0f;
   node.affine_scale = NULL;
   node.channels = 0;
   node.kernel_h = 0;

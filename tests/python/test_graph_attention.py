@@ -388,6 +388,37 @@ def test_the_node_reads_heads_where_they_are(causal):
     assert torch.allclose(run(g, x[..., :24]), reference(x[..., :24], 2, 4, 4, (0, 8, 16), 0.5, mask), atol=2e-6)
 
 
+def test_window_masks_after_the_heads_bias():
+    """mask_windows = G: the mask is the heads' [H, L, S] then G windows' [L, S], sample n
+    adding window n % G's after its head's (Swin's bias and shifted windows, each held
+    once): PyTorch's attention with their sums, and the node of the summed [G, H, L, S]."""
+    torch.manual_seed(5)
+    x = torch.randn(6, 5, 24)  # two images of 3 windows
+    bias, win = torch.randn(2, 5, 5), torch.randn(3, 5, 5)
+    win[1, :, 0] = win[2, :, 3] = float("-inf")
+    g = one_node(mask=torch.cat([bias, win]).numpy(), mask_windows=3)
+    want = reference(x, 2, 4, 4, (0, 8, 16), 0.5, bias.unsqueeze(0) + win.repeat(2, 1, 1).unsqueeze(1))
+    assert torch.allclose(run(g, x), want, atol=2e-6)
+    summed = one_node(mask=(bias.unsqueeze(0) + win.unsqueeze(1)).numpy())
+    assert torch.allclose(run(g, x), run(summed, x), atol=1e-6)
+    causal = one_node(mask=torch.cat([bias, win]).numpy(), mask_windows=3, causal=True)
+    want = reference(x, 2, 4, 4, (0, 8, 16), 0.5, bias.unsqueeze(0) + win.repeat(2, 1, 1).unsqueeze(1)
+                     + torch.full((5, 5), float("-inf")).triu(1))
+    assert torch.allclose(run(causal, x), want, atol=2e-6)
+    # errors: a count that is not whole, or not in [0, 2^20]; a mask of another length;
+    # a batch the windows do not divide (at run: the graph stays usable)
+    for windows in (2.5, -1, 2 ** 21, float("nan")):
+        with pytest.raises(_core.InvalidArgumentError, match="window mask count"):
+            one_node(mask=torch.cat([bias, win]).numpy(), mask_windows=windows)
+    with pytest.raises(_core.InvalidArgumentError, match="window mask count"):
+        one_node(mask=np.append(torch.cat([bias, win]).numpy(), np.float32(0)), mask_windows=3)
+    with pytest.raises(_core.InvalidArgumentError, match="windows' for a batch of G's multiples"):
+        run(g, x[:4])
+    with pytest.raises(_core.InvalidArgumentError, match=r"not \(H \+ G\) x L x S"):
+        run(g, x[:, :4])
+    assert torch.allclose(run(g, x), run(summed, x), atol=1e-6)
+
+
 def test_bad_parameters_and_inputs_raise_and_leave_the_graph_usable():
     for bad, what in [(dict(heads=0), "heads"), (dict(head_dim=0), "head dim"), (dict(scale=float("nan")), "scale"),
                       (dict(offsets=(-1, 0, 0)), "start"), (dict(mask=np.array([np.nan], np.float32)), "NaN"),

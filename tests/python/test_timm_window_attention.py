@@ -133,10 +133,12 @@ def test_a_timm_block_calls_it(monkeypatch):
     with torch.no_grad():
         assert rel_err(f(x), ref) < 1e-5
     assert "_window_graph" in f.blocks[1].attn.qkv.__dict__
-    # graph_report lists the window graphs: the shifted block's masks, [4 windows][2 heads][16][16] floats
+    # graph_report lists the window graphs: the shifted block's constants are its 2 heads'
+    # bias and its 4 windows' masks, each [16][16] floats held once (not 4 x 2 sums), and
+    # its two permutations of 64 rows (floats and int32)
     lines = [ln for ln in qpack.graph_report(f).splitlines() if ln.startswith("window attention of blocks.1.attn.qkv")]
     assert len(lines) == 1 and "(8x8 image" in lines[0]
-    assert int(lines[0].split("constants ")[1].split(" B")[0]) >= 4 * 2 * 16 * 16 * 4
+    assert int(lines[0].split("constants ")[1].split(" B")[0]) == (2 + 4) * 16 * 16 * 4 + 2 * 64 * 8
     monkeypatch.undo()
     f8 = qpack.freeze(model, dtype="int8", example_inputs=[torch.randn(2, 3, 16, 16) for _ in range(2)],
                       progress=False)

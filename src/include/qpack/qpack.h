@@ -513,8 +513,11 @@ typedef enum qpack_node_kind {
                                     ceil_mode = 1 row i sees keys j <= i (is_causal). mask:
                                     `channels` floats at affine_scale, [L][S] for every head,
                                     [H][L][S], or [G][H][L][S] with sample n reading group n % G
-                                    (Swin's shifted windows; G divides N), copied; none with
-                                    channels = 0. u8: inputs
+                                    (G divides N), copied; none with channels = 0. With act_max =
+                                    G >= 1 (a whole number <= 2^20): [H][L][S] for the heads, then
+                                    [G][L][S] window masks, sample n adding window n % G's after
+                                    its head's (Swin's position bias and shifted windows' masks,
+                                    each held once). u8: inputs
                                     dequantized, the output quantized to its value's qparams */
   QPACK_NODE_CONSTANT = 23,      /* a constant over the batch of inputs[0] (only its dim 0 read):
                                     y [N, kernel_h, kernel_w] row-major (rank 2 [N, kernel_h]
