@@ -56,22 +56,46 @@ void softmax_row(float* x, int64_t n) {
   for (int64_t j = 0; j < n; ++j) x[j] *= inv;
 }
 
+#ifdef QPACK_ATTN_X86
+// add_masks on 16 lanes (a masked tail): the same sums, in the same order.
+__attribute__((target("avx512f"))) float add_masks512(float* sc, const float* m, const float* w, int64_t n) {
+  __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 k = n - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    __m512 x = _mm512_maskz_loadu_ps(k, sc + j);
+    if (m != nullptr) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, m + j));
+    if (w != nullptr) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, w + j));
+    _mm512_mask_storeu_ps(sc + j, k, x);
+    top = _mm512_mask_max_ps(top, k, top, x);
+  }
+  return _mm512_reduce_max_ps(top);
+}
+#endif
+
+// Scores sc[0, n) plus the mask row m, then the window mask row w (either null),
+// and their largest.
+float add_masks(float* sc, const float* m, const float* w, int64_t n) {
+#ifdef QPACK_ATTN_X86
+  if (vec_math_avx512()) return add_masks512(sc, m, w, n);
+#endif
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    if (m != nullptr) sc[j] += m[j];
+    if (w != nullptr) sc[j] += w[j];
+    top = std::max(top, sc[j]);
+  }
+  return top;
+}
+
 // The weights of query i's first n keys from their scaled scores in sc: the
 // mask's row i added (then the window mask's, as PyTorch's Swin adds them), then
 // the softmax; a row the masks hide entirely (every score -inf) weighs every key
 // 0, so its output is 0 (PyTorch's, not NaN).
 void weigh_row(const Head& t, int64_t i, int64_t n, float* sc) {
   if (t.mask != nullptr || t.window_mask != nullptr) {
-    if (t.mask != nullptr) {
-      const float* m = t.mask + i * t.mask_row;
-      for (int64_t j = 0; j < n; ++j) sc[j] += m[j];
-    }
-    if (t.window_mask != nullptr) {
-      const float* w = t.window_mask + i * t.window_row;
-      for (int64_t j = 0; j < n; ++j) sc[j] += w[j];
-    }
-    float top = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) top = std::max(top, sc[j]);
+    const float* m = t.mask != nullptr ? t.mask + i * t.mask_row : nullptr;
+    const float* w = t.window_mask != nullptr ? t.window_mask + i * t.window_row : nullptr;
+    const float top = add_masks(sc, m, w, n);
     if (top == -std::numeric_limits<float>::infinity()) {
       std::fill(sc, sc + n, 0.0f);
       return;
