@@ -2706,9 +2706,34 @@ def _tokens_image(node, shapes):
             c == -1 or isinstance(c, int) or isinstance(c, tuple) and c[0] == "dim" and c[1] is t and c[2] == 2
             or known is not None and len(known) == 3 and _concrete(c) == known[2]):
         return None
+    if _regrouped_batch(t, shapes):  # N is not the tokens' own batch
+        return None
     if (h[2], w[2]) == (1, 2) and not _channels_last_view(h[1]):
         return None
     return t, h[1], (h[2], w[2]), dead
+
+
+def _regrouped_batch(t, shapes):
+    """True when t's dim 0 comes (through attention, matmuls and transposes that keep
+    dim 0) from a reshape whose dim 0 is not a plain dim 0 of a value: a batch regrouped,
+    as BoTNet's q.reshape(B * heads, d, -1), whose (attn @ v).transpose(-1, -2)
+    .reshape(B, C, H, W) is not the tokens' image."""
+    x = t
+    while isinstance(x, torch.fx.Node):
+        if x.op == "call_function" and (x.target in _SDPA + _MATMUL or x.target in (
+                _attention.scaled_dot_product_attention, heads_attention)) or _is_matmul(x):
+            x = x.args[0]
+        elif x.op == "call_method" and x.target == "contiguous" or (
+                x.op == "call_method" and x.target == "transpose" and len(x.args) == 3
+                and 0 not in {_norm_dim(a, rank_of(x) or 3) for a in x.args[1:] if isinstance(a, int)}):
+            x = x.args[0]
+        elif (x.op == "call_method" and x.target in ("reshape", "view")) or (
+                x.op == "call_function" and x.target is torch.reshape):
+            terms = shapes.terms(x)
+            return not (terms and isinstance(terms[0], tuple) and terms[0][0] == "dim" and terms[0][2] == 0)
+        else:
+            return False
+    return False
 
 
 def _channels_last_tokens(node, shapes):

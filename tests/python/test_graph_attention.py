@@ -528,6 +528,48 @@ def test_int8_images_and_tokens_within_one_quantum_of_the_reference(backend):
     assert_int8_within_reference(PVTLike().eval(), (2, 3, 32, 32), 1, backend)
 
 
+class BoTLike(nn.Module):
+    """BoTNet's bottleneck attention (timm's BottleneckAttn): heads split off the batch
+    (``reshape(B * heads, d, -1)``), the attention spelled out with a position term computed
+    from q, the heads' outputs put back with ``(attn @ v).transpose(-1, -2).reshape(B, C, H,
+    W)``, a BatchNorm after: the reshape regroups the batch, so it is not the tokens' own
+    image."""
+
+    def __init__(self, c=32, heads=4, hw=64):
+        super().__init__()
+        self.conv, self.qkv = nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, 3 * c, 1)
+        self.norm, self.heads, self.c = nn.BatchNorm2d(c), heads, c
+        self.rel = nn.Parameter(torch.randn(c // heads, hw) * 0.1)
+        self.norm.running_mean.uniform_(-0.5, 0.5)
+        self.norm.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        x = self.conv(x)
+        b, c, h, w = x.shape
+        q, k, v = torch.split(self.qkv(x), [c, c, c], dim=1)
+        q = q.reshape(b * self.heads, c // self.heads, -1).transpose(-1, -2)
+        k = k.reshape(b * self.heads, c // self.heads, -1)
+        v = v.reshape(b * self.heads, c // self.heads, -1).transpose(-1, -2)
+        attn = ((q @ k) * (c // self.heads) ** -0.5 + q @ self.rel).softmax(dim=-1)
+        out = (attn @ v).transpose(-1, -2).reshape(b, self.c, h, w)  # (its channels by number)
+        return F.relu(self.norm(out)) + x
+
+
+def test_heads_put_back_from_a_regrouped_batch_are_not_the_tokens_image():
+    """BoTNet's merge of heads split off the batch stays what it is (it had been taken for
+    tokens [B heads, H W, d] back to their image, [B heads, d, H, W], which the BatchNorm
+    then refused): eager's values, fp32 and int8."""
+    torch.manual_seed(11)
+    model = BoTLike().eval()
+    x = torch.randn(2, 32, 8, 8)
+    with torch.no_grad():
+        ref = model(x)
+        assert rel_err(qpack.freeze(model, progress=False)(x), ref) < 1e-5
+        f8 = qpack.freeze(model, dtype="int8", example_inputs=[torch.randn(2, 32, 8, 8) for _ in range(2)],
+                          progress=False)
+        assert rel_err(f8(x), ref) < 0.1
+
+
 def test_the_transpose_node_between_images_and_tokens():
     """Through GraphHandle: an image's tokens, tokens back to the image of a second input's H
     and W (its data unread), both ways bit-exact; tokens that are not H x W are refused and the
