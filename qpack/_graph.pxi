@@ -145,6 +145,8 @@ cdef class GraphHandle:
                     cn[i].pad_top, cn[i].pad_left, cn[i].pad_bottom = n.get("offsets", (0, 0, 0))
                     # where each next head starts: q's and k's (stride_w), v's (pad_right)
                     cn[i].stride_w, cn[i].pad_right = n.get("head_strides", (d, dv))
+                    if n.get("multi_query"):  # k and v one head that every q head reads
+                        cn[i].pad_right = -1
                     cn[i].act_min = n["scale"] if "scale" in n else 1.0 / d ** 0.5 if d > 0 else 1.0
                     cn[i].ceil_mode = bool(n.get("causal", False))
                     if n.get("mask") is not None:

@@ -459,7 +459,8 @@ class _Lowering:
             return
         if node.op == "call_function" and node.target is heads_attention:
             q, k, v, heads, d, dv, offsets, scale, causal, mask = node.args[:10]
-            strides = node.args[10] if len(node.args) > 10 else (d, dv)
+            strides = node.args[10] if len(node.args) > 10 and node.args[10] is not None else (d, dv)
+            multi_query = bool(node.args[11]) if len(node.args) > 11 else False
             if mask is not None:
                 t = _attr_tensor(self.gm, mask)
                 if t is None or t.dtype != torch.float32 or t.dim() > 4 or any(n != 1 for n in t.shape[:-3]):
@@ -472,7 +473,7 @@ class _Lowering:
                 mask = t.detach().contiguous().numpy().copy()
             self.emit_checked(node, "attention", [q, k, v], heads=heads, head_dim=d, value_dim=dv,
                               offsets=tuple(offsets), scale=scale, causal=causal, mask=mask,
-                              head_strides=tuple(strides))
+                              head_strides=tuple(strides), multi_query=multi_query)
             return
         if node.op == "call_function" and node.target is blocks_to_space:
             x, kh, kw = node.args
@@ -1239,7 +1240,8 @@ def _row_permutation(node):
     return x, rows, tuple(shape), chain
 
 
-def heads_attention(q, k, v, heads, head_dim, value_dim, offsets, scale, causal=False, mask=None, strides=None):
+def heads_attention(q, k, v, heads, head_dim, value_dim, offsets, scale, causal=False, mask=None, strides=None,
+                    multi_query=False):
     """Multi-head attention over rank-3 values of rows: head h of the query is
     ``q[..., offsets[0] + h * head_dim:][:head_dim]``, of the key ``k``'s from
     offsets[1], of the value ``v``'s of value_dim from offsets[2]; the heads' outputs
@@ -1248,20 +1250,25 @@ def heads_attention(q, k, v, heads, head_dim, value_dim, offsets, scale, causal=
     ``.view(B, N, H, D).transpose(1, 2)``), scaled_dot_product_attention and the merge
     (``.transpose(1, 2).reshape(B, N, C)``) to; the core runs it as one ``attention``
     node, reading the heads where they are. ``strides``: (q's and k's, v's) distance from
-    one head to the next where it is not the head's width (LeViT's heads in groups)."""
+    one head to the next where it is not the head's width (LeViT's heads in groups).
+    ``multi_query``: k and v hold one head (at their offsets) that every head of q reads
+    (MobileNetV4's multi-query attention)."""
     if q.dim() == 2:  # one sequence (nn.MultiheadAttention's unbatched call)
         return heads_attention(q[None], k[None], v[None], heads, head_dim, value_dim, offsets, scale, causal,
-                               mask, strides)[0]
+                               mask, strides, multi_query)[0]
     n, length, s = q.shape[0], q.shape[1], k.shape[1]
     qk_stride, v_stride = strides or (head_dim, value_dim)
 
-    def split(t, at, rows, d, step):
+    def split(t, at, rows, d, step, count=heads):
+        if count == 1:
+            return t[..., at:at + d].reshape(n, rows, 1, d).transpose(1, 2).expand(n, heads, rows, d)
         if step == d:
             return t[..., at:at + heads * d].reshape(n, rows, heads, d).transpose(1, 2)
         return torch.stack([t[..., at + i * step:at + i * step + d] for i in range(heads)], 1)
+    kv_heads = 1 if multi_query else heads
     out = _attention.scaled_dot_product_attention(
-        split(q, offsets[0], length, head_dim, qk_stride), split(k, offsets[1], s, head_dim, qk_stride),
-        split(v, offsets[2], s, value_dim, v_stride), attn_mask=mask, is_causal=causal, scale=scale)
+        split(q, offsets[0], length, head_dim, qk_stride), split(k, offsets[1], s, head_dim, qk_stride, kv_heads),
+        split(v, offsets[2], s, value_dim, v_stride, kv_heads), attn_mask=mask, is_causal=causal, scale=scale)
     return out.transpose(1, 2).reshape(n, length, heads * value_dim)
 
 
@@ -2675,6 +2682,96 @@ def _image_tokens(node, shapes, modules):
     return (x, [f]) if ok else None
 
 
+def _multi_query_attention(node, modules, shapes):
+    """(Q, k tokens, v tokens, heads, D, Dv, scale, the image node, nodes it replaces) when
+    scaled_dot_product_attention ``node`` is multi-query attention over an image's pixels
+    (timm's MultiQueryAttention2d, MobileNetV4's): q the heads of image Q's channels
+    (``Q.reshape(N, H, D, -1).transpose(-1, -2)``), k and v one head each, the tokens of
+    images of Q's batch (``image_to_tokens(K).unsqueeze(1)``) that every head reads, each
+    ``.contiguous()`` or not, no mask or dropout; the heads merged back into an image of Q's
+    H and W (``.transpose(1, 2).reshape(N, H, W, -1).permute(0, 3, 1, 2)``); else None."""
+    def strip(x):  # through .contiguous() read by nothing else
+        while isinstance(x, torch.fx.Node) and x.op == "call_method" and x.target == "contiguous" \
+                and len(x.users) == 1:
+            x = x.args[0]
+        return x
+
+    def batch(x):
+        return x.meta.get("qpack_batch", x)
+
+    def hw(x):
+        return _source_of(x, "qpack_hw", _spatial, modules)
+
+    kw = dict(zip(("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"), node.args[3:]))
+    kw.update(node.kwargs)
+    if len(node.args) < 3 or kw.get("attn_mask") is not None or kw.get("dropout_p", 0.0) != 0.0 \
+            or kw.get("is_causal", False) is not False or kw.get("enable_gqa", False) is not False \
+            or not (kw.get("scale") is None or isinstance(kw["scale"], (int, float))):
+        return None
+    q, k, v = (strip(a) for a in node.args[:3])
+    # q: the heads of an image's channels, its pixels as rows
+    if not (isinstance(q, torch.fx.Node) and q.op == "call_method" and q.target == "transpose" and len(q.args) == 3
+            and len(q.users) == 1 and sorted(_norm_dim(a, 4) for a in q.args[1:]) == [2, 3]):
+        return None
+    r = q.args[0]
+    terms = shapes.terms(r) if isinstance(r, torch.fx.Node) and len(r.users) == 1 else None
+    if not (terms is not None and len(terms) == 4 and terms[3] == -1
+            and all(isinstance(a, int) and a >= 1 for a in terms[1:3])
+            and isinstance(terms[0], tuple) and terms[0][0] == "dim" and terms[0][2] == 0):
+        return None
+    img, (heads, d) = r.args[0], terms[1:3]
+    if rank_of(img) != 4 or channels_of(img) not in (None, heads * d) or batch(terms[0][1]) is not batch(img):
+        return None
+    # k, v: one head, an image's tokens
+    kv, dead = [], [node.args[0], q, r]
+    for a in node.args[1:3]:
+        u = strip(a)
+        t = u.args[0] if isinstance(u, torch.fx.Node) and u.op == "call_method" and u.target == "unsqueeze" \
+            and len(u.users) == 1 and _dim_arg(u, 1, "dim") == 1 else None
+        if not (isinstance(t, torch.fx.Node) and t.op == "call_function" and t.target is image_to_tokens
+                and batch(t.args[0]) is batch(img)):
+            return None
+        kv.append(t)
+        dead += [a, u]
+    if channels_of(kv[0].args[0]) != d or not isinstance(dv := channels_of(kv[1].args[0]), int):
+        return None
+    # the merge: rows of heads side by side, as an image of Q's H and W
+    users = [u for u in node.users if not (u.op == "call_function" and u.target is getattr)]
+    if len(users) != 1:
+        return None
+    t = users[0]
+    if not (t.op == "call_method" and t.target == "transpose" and len(t.args) == 3 and len(t.users) == 1
+            and sorted(_norm_dim(a, 4) for a in t.args[1:]) == [1, 2]):
+        return None
+    m = next(iter(t.users))
+    terms = shapes.terms(m) if len(m.users) == 1 else None
+
+    def spatial(term, i):  # dim i of a value of img's H and W (or it // 1)
+        if isinstance(term, tuple) and term[0] == "floordiv" and term[2] == 1:
+            term = term[1]
+        return isinstance(term, tuple) and term[0] == "dim" and term[2] == i and rank_of(term[1]) == 4 \
+            and hw(term[1]) is hw(img)
+    def own_batch(term, arg):  # N of img's batch, or the attention's own size(0)
+        if isinstance(term, tuple):
+            return term[0] == "dim" and term[2] == 0 and batch(term[1]) in (batch(node), batch(img))
+        return isinstance(arg, torch.fx.Node) and arg.op == "call_function" and arg.target is operator.getitem \
+            and arg.args[1] == 0 and isinstance(arg.args[0], torch.fx.Node) and arg.args[0].target is getattr \
+            and arg.args[0].args == (node, "shape")
+    if not (terms is not None and len(terms) == 4 and own_batch(terms[0], _sizes(m.args[1:])[0])
+            and spatial(terms[1], 2) and spatial(terms[2], 3) and terms[3] in ("?", -1, heads * dv)):
+        return None
+    p = next(iter(m.users))
+    if _permute_dims(p) != [0, 3, 1, 2]:
+        return None
+    end = next(iter(p.users)) if len(p.users) == 1 else None
+    end = end if end is not None and end.op == "call_method" and end.target == "contiguous" else p
+    dead += [end, p, m, t, node]
+    # the shape queries of the attention's output (the merge's sizes) go with it
+    dead += [u for u in node.users if u.op == "call_function" and u.target is getattr]
+    scale = kw.get("scale")
+    return img, kv[0], kv[1], heads, d, dv, float(d ** -0.5 if scale is None else scale), end, dead
+
+
 def _tokens_image(node, shapes):
     """(t, like, dims, nodes it replaces) when node is ``t.transpose(1, 2).reshape(N, C, H,
     W)`` (or ``permute(0, 2, 1)``, ``.view``) of rank-3 tokens t, H and W the sizes
@@ -2846,6 +2943,21 @@ def canonicalize(gm):
                 g.erase_node(a)
                 erased.add(a)
 
+    def erase_dead(dead):
+        """The nodes of `dead` nothing reads any more, until none is left (and the shape
+        items read from a dead node's size)."""
+        dead = list(dead)
+        for d in dead:  # (grows: the items of a size and the arithmetic on them)
+            if d.op == "call_function" and (d.target is getattr or d.target is operator.getitem
+                                            or d.target in _SHAPE_ARITHMETIC):
+                dead += [u for u in d.users if u.op == "call_function" and u not in dead and (
+                    u.target is operator.getitem or u.target in _SHAPE_ARITHMETIC)]
+        while any(d not in erased and not d.users for d in dead):
+            for d in dead:
+                if d not in erased and not d.users:
+                    g.erase_node(d)
+                    erased.add(d)
+
     def heads(node):
         """An attention call between a split into heads and their merge -> one
         heads_attention on the rows (True), else False."""
@@ -2863,11 +2975,7 @@ def canonicalize(gm):
                 qpack_rank=4, qpack_batch=tokens.meta["qpack_batch"])
         else:
             replace(merge, heads_attention, args).meta["qpack_rank"] = 3
-        while any(d not in erased and not d.users for d in dead):
-            for d in dead:
-                if d not in erased and not d.users:
-                    g.erase_node(d)
-                    erased.add(d)
+        erase_dead(dead)
         return True
 
     for node in list(g.nodes):
@@ -2901,6 +3009,20 @@ def canonicalize(gm):
                 erased.add(u)
             g.erase_node(node)
             erased.add(node)
+            continue
+        if node.op == "call_function" and node.target in _SDPA \
+                and (mq := _multi_query_attention(node, modules, shapes)) is not None:
+            # multi-query attention over an image's pixels: its tokens, one attention node
+            # whose heads all read k's and v's one head, the rows back to the image
+            img, k, v, h, d, dv, scale, end, dead = mq
+            with g.inserting_before(end):
+                tokens = g.call_function(image_to_tokens, (img,))
+                att = g.call_function(heads_attention, (tokens, k, v, h, d, dv, (0, 0, 0), scale, False, None,
+                                                        None, True))
+            tokens.meta.update(qpack_rank=3, qpack_batch=img.meta.get("qpack_batch", img))
+            att.meta.update(qpack_rank=3, qpack_batch=tokens.meta["qpack_batch"])
+            replace(end, tokens_to_image, (att, img)).meta.update(qpack_rank=4, qpack_batch=tokens.meta["qpack_batch"])
+            erase_dead(dead)
             continue
         if node.op == "call_function" and node.target in _SDPA:
             if not heads(node):

@@ -83,6 +83,8 @@ size_t elem_size(qpack_dtype t) { return t == QPACK_DTYPE_F32 ? 4 : 1; }
 // An attention node's distance from one q / k head to the next, and one v head to the next.
 int64_t attention_qk_stride(const GraphNode& n) { return n.stride[1] > 0 ? n.stride[1] : n.kernel[1]; }
 int64_t attention_v_stride(const GraphNode& n) { return n.pad[3] > 0 ? n.pad[3] : n.stride[0]; }
+// pad_right = -1: k and v one head that every q head reads (multi-query attention)
+bool attention_multi_query(const GraphNode& n) { return n.pad[3] == -1; }
 
 float activate(qpack_activation act, float lo, float hi, float x) {
   switch (act) {
@@ -920,9 +922,9 @@ Graph::Graph(std::vector<GraphValue> values, std::vector<GraphNode> nodes, std::
         check(n.pad[a] >= 0 && n.pad[a] <= kMax, QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
               " (attention): where q, k and v start (pad_top, pad_left, pad_bottom) must be in [0, 2^24]");
       }
-      check(n.stride[1] >= 0 && n.stride[1] <= kMax && n.pad[3] >= 0 && n.pad[3] <= kMax,
+      check(n.stride[1] >= 0 && n.stride[1] <= kMax && n.pad[3] >= -1 && n.pad[3] <= kMax,
             QPACK_STATUS_INVALID_ARGUMENT, "node ", i, " (attention): the head strides (stride_w, pad_right) "
-            "must be in [0, 2^24], got ", n.stride[1], ", ", n.pad[3]);
+            "must be in [0, 2^24] (pad_right -1: k and v one head for all), got ", n.stride[1], ", ", n.pad[3]);
       check(std::isfinite(n.act_min), QPACK_STATUS_INVALID_ARGUMENT, "node ", i,
             " (attention) needs a finite scale (act_min), got ", n.act_min);
       for (float m : n.affine_scale) {
@@ -1373,10 +1375,12 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
       const Shape& v = shapes[n.in[2]];
       const int64_t H = n.kernel[0], D = n.kernel[1], Dv = n.stride[0];
       const int64_t hs = attention_qk_stride(n), vs = attention_v_stride(n);  // head to head
+      const int64_t kv_heads = attention_multi_query(n) ? 1 : H;
       check(x.rank == 3 && k.rank == 3 && v.rank == 3 && k.d[0] == x.d[0] && v.d[0] == x.d[0] &&
                 v.d[1] == k.d[1] && x.d[2] >= n.pad[0] + (H - 1) * hs + D &&
-                k.d[2] >= n.pad[1] + (H - 1) * hs + D && v.d[2] >= n.pad[2] + (H - 1) * vs + Dv,
-            QPACK_STATUS_INVALID_ARGUMENT, "attention of ", H, " heads (", D, " q / k, ", Dv,
+                k.d[2] >= n.pad[1] + (kv_heads - 1) * hs + D && v.d[2] >= n.pad[2] + (kv_heads - 1) * vs + Dv,
+            QPACK_STATUS_INVALID_ARGUMENT, "attention of ", H,
+            kv_heads == 1 && H > 1 ? " q heads over one k and v head (" : " heads (", D, " q / k, ", Dv,
             " v features each, from ", n.pad[0], ", ", n.pad[1], ", ", n.pad[2],
             ") takes q [N, L, Cq], k [N, S, Ck] and v [N, S, Cv] holding them, got ", shape_str(x), ", ",
             shape_str(k), " and ", shape_str(v));
@@ -2012,8 +2016,9 @@ void Graph::run_attention(const GraphNode& n, const GraphPlan& plan, uint8_t* co
   a.v = src[2] + n.pad[2];
   a.out = out;
   const int64_t hs = attention_qk_stride(n), hv = attention_v_stride(n);
-  const int64_t q_strides[3] = {a.L * qs.d[2], hs, qs.d[2]}, k_strides[3] = {a.S * ks.d[2], hs, ks.d[2]},
-                v_strides[3] = {a.S * vs.d[2], hv, vs.d[2]}, o_strides[3] = {a.L * ys.d[2], a.Dv, ys.d[2]};
+  const bool mq = attention_multi_query(n);  // every q head reads k's and v's one head
+  const int64_t q_strides[3] = {a.L * qs.d[2], hs, qs.d[2]}, k_strides[3] = {a.S * ks.d[2], mq ? 0 : hs, ks.d[2]},
+                v_strides[3] = {a.S * vs.d[2], mq ? 0 : hv, vs.d[2]}, o_strides[3] = {a.L * ys.d[2], a.Dv, ys.d[2]};
   std::copy(q_strides, q_strides + 3, a.q_stride);
   std::copy(k_strides, k_strides + 3, a.k_stride);
   std::copy(v_strides, v_strides + 3, a.v_stride);

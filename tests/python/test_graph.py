@@ -309,8 +309,9 @@ def per_edge_reference(f, x):
             def heads(t, start, w, s):  # head i: t[..., start + i s:][:w]
                 return torch.stack([t[..., start + i * s:start + i * s + w] for i in range(h)], 1)
             mask = None if n.get("mask") is None else torch.as_tensor(n["mask"])
-            r = F.scaled_dot_product_attention(heads(q, at[0], dq, step[0]), heads(kk, at[1], dq, step[0]),
-                                               heads(v, at[2], dv, step[1]), attn_mask=mask,
+            kv_step = (0, 0) if n.get("multi_query") else step  # one k and v head for all
+            r = F.scaled_dot_product_attention(heads(q, at[0], dq, step[0]), heads(kk, at[1], dq, kv_step[0]),
+                                               heads(v, at[2], dv, kv_step[1]), attn_mask=mask,
                                                is_causal=n.get("causal", False), scale=n["scale"])
             r = r.transpose(1, 2).flatten(2)
         elif k == "permute_rows":  # rows of C values in the permutation's order, block by block

@@ -570,6 +570,93 @@ def test_heads_put_back_from_a_regrouped_batch_are_not_the_tokens_image():
         assert rel_err(f8(x), ref) < 0.1
 
 
+class MQALike(nn.Module):
+    """MobileNetV4's multi-query attention (timm's MultiQueryAttention2d): q the heads of a
+    1x1 conv's channels (``reshape(B, H, D, -1).transpose(-1, -2)``), k and v one head each
+    from a stride-2 depthwise conv, BatchNorm and 1x1 conv (``reshape(B, C, -1).transpose(1,
+    2).unsqueeze(1)``), every q head reading them, the heads merged back into the image
+    (``transpose(1, 2).reshape(B, H, W, -1).permute(0, 3, 1, 2)``), a 1x1 conv out; after a
+    conv, as in the network."""
+
+    def __init__(self, c=24, heads=4, d=8, dv=6):
+        super().__init__()
+        self.heads, self.d = heads, d
+        self.stem = nn.Conv2d(c, c, 3, padding=1)
+        self.q = nn.Conv2d(c, heads * d, 1, bias=False)
+        self.k = nn.Sequential(nn.Conv2d(c, c, 3, 2, 1, groups=c, bias=False), nn.BatchNorm2d(c), nn.Conv2d(c, d, 1))
+        self.v = nn.Sequential(nn.Conv2d(c, c, 3, 2, 1, groups=c, bias=False), nn.BatchNorm2d(c), nn.Conv2d(c, dv, 1))
+        self.out = nn.Conv2d(heads * dv, c, 1)
+        for bn in (self.k[1], self.v[1]):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        x = self.stem(x)
+        b, _, h, w = x.shape
+        q = self.q(x)
+        q = q.reshape(q.shape[0], self.heads, self.d, -1).transpose(-1, -2).contiguous()
+        k, v = self.k(x), self.v(x)
+        k = k.reshape(k.shape[0], k.shape[1], -1).transpose(1, 2).unsqueeze(1).contiguous()
+        v = v.reshape(v.shape[0], v.shape[1], -1).transpose(1, 2).unsqueeze(1).contiguous()
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0)
+        o = o.transpose(1, 2).reshape(o.shape[0], h // 1, w // 1, o.shape[-1] * self.heads)
+        return x + self.out(o.permute(0, 3, 1, 2).contiguous())
+
+
+def test_multi_query_attention_over_an_images_pixels_is_one_node(tmp_path):
+    """MobileNetV4's multi-query attention is one attention node whose heads all read k's and
+    v's one head (multi_query), in one graph with the convolutions: eager's values at two
+    image sizes; pickled, and saved as a .qpk file (which qpack's reader finds no problem
+    in), it loads and gives them too."""
+    torch.manual_seed(12)
+    model = MQALike().eval()
+    f = qpack.freeze(model, progress=False)
+    (node,) = attention_nodes(f)
+    assert node["multi_query"] and (node["heads"], node["head_dim"], node["value_dim"]) == (4, 8, 6)
+    with torch.no_grad():
+        for size in (8, 12):
+            x = torch.randn(2, 24, size, size)
+            assert rel_err(f(x), model(x)) < 1e-5
+        buf = io.BytesIO()
+        torch.save(f, buf)
+        buf.seek(0)
+        assert rel_err(torch.load(buf, weights_only=False)(x), model(x)) < 1e-5
+        from qpack import _file
+        qpack.save(f, tmp_path / "m.qpk")
+        assert _file.describe(str(tmp_path / "m.qpk"))["problems"] == []
+        assert rel_err(qpack.load(tmp_path / "m.qpk")(x), model(x)) < 1e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int8_multi_query_attention_within_one_quantum_of_the_reference(backend):
+    torch.manual_seed(13)
+    assert_int8_within_reference(MQALike().eval(), (2, 24, 8, 8), 1, backend)
+
+
+def test_the_multi_query_node_through_the_c_api():
+    """pad_right = -1 (multi_query): every head of q reads k's and v's one head, PyTorch's
+    attention with k and v expanded over the heads; k narrower than its head is refused at
+    run and the graph stays usable."""
+    torch.manual_seed(14)
+    q, kv = torch.randn(2, 5, 12), torch.randn(2, 7, 7)  # q: 3 heads of 4; k 4 wide at 0, v 3 at 4
+    f32 = ("f32", 0.0, 0)
+    node = dict(kind="attention", inputs=[0, 1, 1], output=2, heads=3, head_dim=4, value_dim=3,
+                offsets=(0, 0, 4), scale=0.5, multi_query=True)
+    g = _core.GraphHandle([f32, f32, f32], [node], [0, 1], [2])
+
+    def run2(a, b):
+        return torch.from_numpy(g.run([a.numpy(), b.numpy()], ["nchw", "nchw"], "nchw")[0])
+    want = F.scaled_dot_product_attention(q.reshape(2, 5, 3, 4).transpose(1, 2),
+                                          kv[..., :4].unsqueeze(1).expand(2, 3, 7, 4),
+                                          kv[..., 4:].unsqueeze(1).expand(2, 3, 7, 3), scale=0.5)
+    assert torch.allclose(run2(q, kv), want.transpose(1, 2).reshape(2, 5, 9), atol=2e-6)
+    assert torch.allclose(G.heads_attention(q, kv, kv, 3, 4, 3, (0, 0, 4), 0.5, multi_query=True),
+                          run2(q, kv), atol=2e-6)
+    with pytest.raises(_core.InvalidArgumentError, match="one k and v head"):
+        run2(q, kv[..., :3].contiguous())
+    assert torch.allclose(run2(q, kv), want.transpose(1, 2).reshape(2, 5, 9), atol=2e-6)
+
+
 def test_the_transpose_node_between_images_and_tokens():
     """Through GraphHandle: an image's tokens, tokens back to the image of a second input's H
     and W (its data unread), both ways bit-exact; tokens that are not H x W are refused and the

@@ -507,7 +507,9 @@ typedef enum qpack_node_kind {
                                     [pad_top + h D, pad_top + (h + 1) D), of k from pad_left, of v
                                     from pad_bottom; with stride_w > 0 q's and k's heads start
                                     stride_w apart (not D: heads in groups, LeViT's), with
-                                    pad_right > 0 v's pad_right apart (not Dv).
+                                    pad_right > 0 v's pad_right apart (not Dv); pad_right = -1:
+                                    k and v hold one head that every q head reads (multi-query
+                                    attention, MobileNetV4's).
                                     y [N, L, H Dv], head h at [h Dv, (h + 1) Dv):
                                     softmax(act_min q k^T + mask) v (act_min: the scale), with
                                     ceil_mode = 1 row i sees keys j <= i (is_causal). mask:
