@@ -3826,6 +3826,7 @@ class Segment:
                          output_is_tuple=low.output_is_tuple)
         self.rowwise = all(_rowwise(n) for n in nodes)
         self.fallback = None  # why its ops last ran in PyTorch (qpack_segment), for the report
+        self.refused = set()  # the input signatures (_signature) it fell back on
         self.handle = None
         self.packed_ids = None
 
@@ -3856,6 +3857,13 @@ class Segment:
         if lead is not None:
             outs = [o.view(*lead, o.shape[-1]) for o in outs]
         return tuple(outs)
+
+
+def _signature(xs):
+    """What a segment's inputs are to its graph: each tensor's shape, dtype, strides and
+    device, anything else its type."""
+    return tuple((tuple(x.shape), x.dtype, x.stride(), x.device.type, x.is_quantized) if isinstance(x, torch.Tensor)
+                 else type(x) for x in xs)
 
 
 def _rowwise(node):
@@ -3925,12 +3933,16 @@ class GraphRunner:
         replaced = {}  # a node an earlier segment took over -> its getitem
         for seg, runner in zip(segs, self._segments):
             def qpack_segment(*xs, _run=runner, _torch=_torch_segment(gm, seg, replaced)):
+                if _run.refused and _signature(xs) in _run.refused:
+                    return _torch(*xs)  # (refused before: not converted and planned again)
                 try:
                     return _run(*xs)
                 except (_core.InvalidArgumentError, _core.InvalidTypeError) as e:
                     # inputs this graph cannot take or plan (dtype, rank, shapes): its ops in
-                    # PyTorch (graph_report says so)
+                    # PyTorch (graph_report says so), at once for these inputs from now on
                     _run.fallback = str(e)
+                    if len(_run.refused) < 64:
+                        _run.refused.add(_signature(xs))
                     return _torch(*xs)
             args = tuple(replaced.get(n, n) for n in seg.input_nodes)
             with gm.graph.inserting_before(seg.members[0]):

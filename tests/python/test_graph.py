@@ -541,6 +541,42 @@ def test_graph_report_and_layer_fallback():
         f(torch.randn(3, 32, 30))
 
 
+class RopeLike(nn.Module):
+    """A Linear over the last dim of a rank-4 value, times halves of a buffer split in
+    PyTorch (EVA-02's rotary embedding): the segment's graph cannot plan a rank-4 linear,
+    so it runs in PyTorch."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("emb", torch.randn(5, 16))
+
+    def forward(self, x):
+        sin, cos = self.emb.tensor_split(2, -1)
+        y = self.lin(x)
+        return torch.relu(y * cos + y * sin)
+
+
+def test_a_segment_refused_once_runs_in_pytorch_at_once_for_those_inputs(monkeypatch):
+    """A segment whose graph refuses its inputs runs its ops in PyTorch (eager's values) and,
+    for inputs of that shape, dtype and strides, goes there at once from then on (not
+    converted and planned to be refused again at every call); other inputs try the graph."""
+    torch.manual_seed(3)
+    model = RopeLike().eval()
+    f = qpack.freeze(model, progress=False)
+    (seg,) = G.runner_of(f)._segments
+    tries = []
+    real = G.Segment.run_arrays
+    monkeypatch.setattr(G.Segment, "run_arrays", lambda self, arrays: tries.append(1) or real(self, arrays))
+    x = torch.randn(2, 3, 5, 8)
+    with torch.no_grad():
+        for _ in range(3):
+            close(f(x), model(x))
+        assert len(tries) == 1 and seg.fallback is not None and len(seg.refused) == 1
+        close(f(x[:1]), model(x[:1]))  # another shape: the graph is asked once
+    assert len(tries) == 2 and len(seg.refused) == 2
+
+
 class WithCustomOp(nn.Module):
     """Supported ops around ops the core does not run (torch.roll, LayerNorm, a
     Python function): the graph splits into segments with PyTorch between."""
