@@ -2751,12 +2751,14 @@ def _multi_query_attention(node, modules, shapes):
             term = term[1]
         return isinstance(term, tuple) and term[0] == "dim" and term[2] == i and rank_of(term[1]) == 4 \
             and hw(term[1]) is hw(img)
+
     def own_batch(term, arg):  # N of img's batch, or the attention's own size(0)
         if isinstance(term, tuple):
             return term[0] == "dim" and term[2] == 0 and batch(term[1]) in (batch(node), batch(img))
         return isinstance(arg, torch.fx.Node) and arg.op == "call_function" and arg.target is operator.getitem \
             and arg.args[1] == 0 and isinstance(arg.args[0], torch.fx.Node) and arg.args[0].target is getattr \
             and arg.args[0].args == (node, "shape")
+
     if not (terms is not None and len(terms) == 4 and own_batch(terms[0], _sizes(m.args[1:])[0])
             and spatial(terms[1], 2) and spatial(terms[2], 3) and terms[3] in ("?", -1, heads * dv)):
         return None
@@ -2909,7 +2911,9 @@ def canonicalize(gm):
       spelled out (a causal mask filled in too) -> qpack.torch.attention's (the
       core's kernel where it applies, PyTorch's call otherwise); between a split of
       rows into heads and their merge back, and a frozen nn.MultiheadAttention on
-      one value -> heads_attention (the graph's attention node).
+      one value -> heads_attention (the graph's attention node); multi-query attention
+      over an image's pixels (MobileNetV4's: one k and v head for every q head) ->
+      heads_attention(..., multi_query=True) between the image's tokens and their image.
     Every rewrite computes what the spelling did, in PyTorch too."""
     g = gm.graph
     modules = dict(gm.named_modules())
