@@ -268,7 +268,8 @@ QPACK_ATTN_TARGET void rows512(const AttentionF32& a, const Head& t, int64_t i0,
     // their sums' inverses scaling the outputs (inv); else a row at a time
     int64_t n = 0;
     float inv[kRows] = {1.0f, 1.0f, 1.0f, 1.0f};
-    const bool together = t.mask == nullptr && t.window_mask == nullptr && !a.causal && exp_rows_f32_vector(sc.data(), rows, Sp, S, inv);
+    const bool together = t.mask == nullptr && t.window_mask == nullptr && !a.causal &&
+                          exp_rows_f32_vector(sc.data(), rows, Sp, S, inv);
     for (int r = 0; r < kRows; ++r) {
       const int64_t seen = r < rows ? keys_seen(a, r0 + r) : 0;
       if (r < rows && !together) weigh_row(t, r0 + r, seen, sc.data() + r * Sp);

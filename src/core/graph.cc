@@ -85,6 +85,8 @@ int64_t attention_qk_stride(const GraphNode& n) { return n.stride[1] > 0 ? n.str
 int64_t attention_v_stride(const GraphNode& n) { return n.pad[3] > 0 ? n.pad[3] : n.stride[0]; }
 // pad_right = -1: k and v one head that every q head reads (multi-query attention)
 bool attention_multi_query(const GraphNode& n) { return n.pad[3] == -1; }
+// act_max: how many window masks follow the heads' [H][L][S] (0: none; checked whole at creation)
+int64_t attention_windows(const GraphNode& n) { return static_cast<int64_t>(n.act_max); }
 
 float activate(qpack_activation act, float lo, float hi, float x) {
   switch (act) {
@@ -1387,7 +1389,7 @@ Shape Graph::infer(const GraphNode& n, const std::vector<Shape>& shapes) const {
       check(x.d[1] == 0 || k.d[1] > 0, QPACK_STATUS_INVALID_ARGUMENT, "attention of ", x.d[1],
             " queries over no keys: ", shape_str(k));
       const int64_t LS = x.d[1] * k.d[1], masks = static_cast<int64_t>(n.affine_scale.size());
-      const int64_t windows = static_cast<int64_t>(n.act_max);
+      const int64_t windows = attention_windows(n);
       check(windows == 0 || (masks == (H + windows) * LS && x.d[0] % windows == 0),
             QPACK_STATUS_INVALID_ARGUMENT, "attention's mask holds ", masks, " values, not (H + G) x L x S = (",
             H, " + ", windows, ") x ", LS, " (the heads' masks, then G windows' for a batch of G's multiples) for q ",
@@ -2031,7 +2033,7 @@ void Graph::run_attention(const GraphNode& n, const GraphPlan& plan, uint8_t* co
     a.mask = n.affine_scale.data();
     a.mask_stride[1] = masks == LS ? 0 : LS;
     a.mask_stride[2] = a.S;
-    const int64_t windows = static_cast<int64_t>(n.act_max);
+    const int64_t windows = attention_windows(n);
     if (windows > 0) {  // [H][L][S] for the heads, then [G][L][S] by batch % G
       a.window_mask = a.mask + a.H * LS;
       a.window_groups = windows;
